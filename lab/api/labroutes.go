@@ -1,0 +1,309 @@
+package api
+
+import (
+	"cmp"
+	"context"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
+)
+
+// Defaults of the lab routes, as attendees know them.
+const (
+	defaultKey      = "order-4711"
+	defaultAccount  = "acct-1"
+	defaultAttempts = 5
+	defaultAmount   = 2500
+	defaultLimit    = 20
+	defaultTTLms    = 1000 // redis claim TTL of lab runs
+	defaultWorkMS   = 300  // slow fault
+	defaultWindowMS = 200  // expired fault
+)
+
+func (s *Server) chargeUnsafe(c echo.Context) error {
+	return s.labRun(c, lab.StoreUnsafe)
+}
+
+func (s *Server) chargeIdempotent(c echo.Context) error {
+	store := cmp.Or(c.QueryParam("store"), lab.StoreMemory)
+	if store == lab.StoreUnsafe {
+		return lab.Invalid("store", "must be an idempotent store (memory, redis, postgres); /charge-unsafe runs unsafe")
+	}
+	return s.labRun(c, store)
+}
+
+// labRun parses a run's parameters, fires it and answers its report.
+func (s *Server) labRun(c echo.Context, store string) error {
+	spec, replicas, err := s.parseSpec(c, store)
+	if err != nil {
+		return err
+	}
+	rep, err := s.Run(c.Request().Context(), spec, replicas)
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, rep)
+}
+
+// Run fires one lab run on n replicas and records it in the history.
+func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (experiment.Report, error) {
+	if _, err := s.pickStore(spec.Store); err != nil {
+		return experiment.Report{}, err
+	}
+	targets, err := s.deps.Cluster.Targets(ctx, replicas)
+	if err != nil {
+		return experiment.Report{}, err
+	}
+	rep, err := s.deps.Runner.Run(ctx, spec, targets)
+	if err != nil {
+		return rep, err
+	}
+	if rep.DedupeWindowMS == 0 {
+		rep.DedupeWindowMS = s.cfg.Window.Milliseconds()
+	}
+	short := rep
+	short.Timeline = nil
+	s.mu.Lock()
+	s.runs = append(s.runs, short)
+	if len(s.runs) > maxRunHistory {
+		s.runs = slices.Delete(s.runs, 0, len(s.runs)-maxRunHistory)
+	}
+	s.mu.Unlock()
+	return rep, nil
+}
+
+func (s *Server) parseSpec(c echo.Context, store string) (experiment.Spec, int, error) {
+	q := c.QueryParam
+	spec := experiment.Spec{Store: store, Key: cmp.Or(q("key"), defaultKey), Account: cmp.Or(q("account"), defaultAccount), OrderID: q("order_id")}
+	if err := lab.ValidateKey(spec.Key); err != nil {
+		return spec, 0, lab.Invalid("key", "must be 1..%d bytes of printable text", lab.MaxKeyBytes)
+	}
+	attempts, err := lab.ParseRange("attempts", q("attempts"), defaultAttempts, 1, 64)
+	if err != nil {
+		return spec, 0, err
+	}
+	amount, err := lab.ParseRange("amount", q("amount"), defaultAmount, 1, lab.MaxAmountCents)
+	if err != nil {
+		return spec, 0, err
+	}
+	maxReplicas := int64(s.deps.Cluster.MaxReplicas())
+	replicas, err := lab.ParseRange("replicas", q("replicas"), 1, 1, maxReplicas)
+	if err != nil {
+		return spec, 0, err
+	}
+	spec.Attempts, spec.AmountCents = int(attempts), amount
+	if _, err := (lab.ChargeRequest{Account: spec.Account, AmountCents: amount, OrderID: spec.OrderID}).Normalize(); err != nil {
+		return spec, 0, renameParam(err, "account", "order_id")
+	}
+	if spec.Token, err = s.tokenFor(q("tenant"), "tenant"); err != nil {
+		return spec, 0, err
+	}
+	switch spec.Scenario = cmp.Or(q("scenario"), experiment.ScenarioRetries); spec.Scenario {
+	case experiment.ScenarioRetries, experiment.ScenarioReused:
+	case experiment.ScenarioTenants:
+		if spec.OtherToken, err = s.tokenFor(q("other_tenant"), "other_tenant"); err != nil {
+			return spec, 0, err
+		}
+		if spec.OtherToken == spec.Token {
+			spec.OtherToken = s.otherToken(spec.Token)
+		}
+	default:
+		return spec, 0, lab.Invalid("scenario", "must be one of retries, reused, tenants (got %q)", spec.Scenario)
+	}
+	ttl, err := lab.ParseRange("ttl_ms", q("ttl_ms"), defaultTTLms, 1, 60_000)
+	if err != nil {
+		return spec, 0, err
+	}
+	spec.Faults.ClaimTTL = time.Duration(ttl) * time.Millisecond
+	fault := q("fault")
+	if fault == "" || fault == "none" {
+		return spec, int(replicas), nil
+	}
+	if !slices.Contains(lab.FaultNames, fault) {
+		return spec, 0, lab.Invalid("fault", "must be one of %s (got %q)", strings.Join(lab.FaultNames, ", "), fault)
+	}
+	if err := s.requireFaults(); err != nil {
+		return spec, 0, err
+	}
+	spec.Faults.Point = fault
+	switch fault {
+	case lab.FaultSlow:
+		work, err := lab.ParseRange("work_ms", q("work_ms"), defaultWorkMS, 1, 60_000)
+		if err != nil {
+			return spec, 0, err
+		}
+		spec.Faults.Work = time.Duration(work) * time.Millisecond
+	case lab.FaultExpired:
+		window, err := lab.ParseRange("window_ms", q("window_ms"), defaultWindowMS, 1, 60_000)
+		if err != nil {
+			return spec, 0, err
+		}
+		spec.Faults.Retention = time.Duration(window) * time.Millisecond
+	}
+	return spec, int(replicas), nil
+}
+
+// renameParam keeps validation messages in the query's vocabulary.
+func renameParam(err error, names ...string) error {
+	if ie, ok := err.(*lab.InvalidError); ok && slices.Contains(names, ie.Param) {
+		return err
+	}
+	if ie, ok := err.(*lab.InvalidError); ok && ie.Param == "amount_cents" {
+		return lab.Invalid("amount", "%s", ie.Reason)
+	}
+	return err
+}
+
+// tokenFor maps a tenant id to its bearer token; "" picks the first tenant.
+func (s *Server) tokenFor(tenant, param string) (string, error) {
+	tokens := s.tokensByTenant()
+	if tenant == "" {
+		return tokens[0][1], nil
+	}
+	for _, tt := range tokens {
+		if tt[0] == tenant {
+			return tt[1], nil
+		}
+	}
+	names := make([]string, len(tokens))
+	for i, tt := range tokens {
+		names[i] = tt[0]
+	}
+	return "", lab.Invalid(param, "must be one of the configured tenants: %s", strings.Join(names, ", "))
+}
+
+func (s *Server) otherToken(token string) string {
+	for _, tt := range s.tokensByTenant() {
+		if tt[1] != token {
+			return tt[1]
+		}
+	}
+	return token
+}
+
+// tokensByTenant lists (tenant, token) sorted by tenant.
+func (s *Server) tokensByTenant() [][2]string {
+	out := make([][2]string, 0, len(s.cfg.Tenants))
+	for token, tenant := range s.cfg.Tenants {
+		out = append(out, [2]string{tenant, token})
+	}
+	slices.SortFunc(out, func(a, b [2]string) int { return cmp.Compare(a[0], b[0]) })
+	return out
+}
+
+// state lists stored keys (bounded, newest first), or one key's state.
+func (s *Server) state(c echo.Context) error {
+	ctx := c.Request().Context()
+	limit, err := lab.ParseRange("limit", c.QueryParam("limit"), defaultLimit, 1, 200)
+	if err != nil {
+		return err
+	}
+	names := lab.StoreNames
+	if name := c.QueryParam("store"); name != "" {
+		st, err := s.pickStore(name)
+		if err != nil {
+			return err
+		}
+		names = []string{st.Name()}
+	}
+	if key := c.QueryParam("key"); key != "" {
+		tenant, _, err := s.tenant(c.Request())
+		if err != nil {
+			return err
+		}
+		if len(names) != 1 {
+			return lab.Invalid("store", "is required with key=")
+		}
+		state, err := s.deps.Stores[names[0]].Lookup(ctx, lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key})
+		if err != nil {
+			return err
+		}
+		return c.JSON(http.StatusOK, map[string]any{"store": names[0], "tenant": tenant, "key": key, "key_state": state})
+	}
+	stores := map[string]any{}
+	for _, name := range names {
+		st, ok := s.deps.Stores[name]
+		if !ok {
+			continue
+		}
+		keys, total, err := st.Keys(ctx, int(limit))
+		if err != nil {
+			return err
+		}
+		if keys == nil {
+			keys = []lab.KeyState{}
+		}
+		stores[name] = map[string]any{"keys": keys, "total": total, "where": st.Describe()}
+	}
+	balances := map[string]int64{}
+	account := cmp.Or(c.QueryParam("account"), defaultAccount)
+	for _, tt := range s.tokensByTenant() {
+		b, err := s.deps.Books.Balance(ctx, tt[0], account)
+		if err != nil {
+			return err
+		}
+		balances[tt[0]] = b
+	}
+	return c.JSON(http.StatusOK, map[string]any{
+		"replica": s.cfg.Replica, "stores": stores, "limit": limit,
+		"dedupe_window_ms": s.cfg.Window.Milliseconds(), "account": account, "balance_cents": balances,
+	})
+}
+
+func (s *Server) outbox(c echo.Context) error {
+	ctx := c.Request().Context()
+	limit, err := lab.ParseRange("limit", c.QueryParam("limit"), defaultLimit, 1, 200)
+	if err != nil {
+		return err
+	}
+	events, err := s.deps.Books.Events(ctx, int(limit))
+	if err != nil {
+		return err
+	}
+	stats, err := s.deps.Books.OutboxStats(ctx)
+	if err != nil {
+		return err
+	}
+	unique, deliveries, err := s.deps.Books.Receipts(ctx, "")
+	if err != nil {
+		return err
+	}
+	if events == nil {
+		events = []lab.Event{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{
+		"events": events, "outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
+		"oldest_pending_ms": stats.OldestPendingAge.Milliseconds(), "receipts": unique, "deliveries": deliveries,
+		"duplicate_deliveries": deliveries - unique, "side_effect_transport": "outbox (unsafe sends directly)",
+	})
+}
+
+func (s *Server) summary(c echo.Context) error {
+	ctx := c.Request().Context()
+	stores, err := s.deps.Books.Summary(ctx)
+	if err != nil {
+		return err
+	}
+	stats, err := s.deps.Books.OutboxStats(ctx)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	runs := slices.Clone(s.runs)
+	s.mu.Unlock()
+	slices.Reverse(runs)
+	if stores == nil {
+		stores = []lab.StoreSummary{}
+	}
+	return c.JSON(http.StatusOK, map[string]any{
+		"replica": s.cfg.Replica, "ledger": s.deps.Books.Kind(), "stores": stores,
+		"outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
+		"recent_runs": runs[:min(len(runs), 20)],
+	})
+}

@@ -1,0 +1,97 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// problemType prefixes every problem's type URI.
+const problemType = "https://idempotency.lab/problems/"
+
+// problemError is an error that already knows its problem.
+type problemError struct {
+	status int
+	code   string
+	title  string
+	detail string
+	param  string
+}
+
+func (p *problemError) Error() string { return p.code + ": " + p.detail }
+
+func problem(status int, code, title, detail string) *problemError {
+	return &problemError{status: status, code: code, title: title, detail: detail}
+}
+
+var (
+	errUnauthorized = problem(http.StatusUnauthorized, "unauthorized", "Unauthorized",
+		"send Authorization: Bearer <token> with a known tenant token")
+	errKeyMissing = problem(http.StatusBadRequest, "idempotency_key_missing", "Idempotency-Key missing",
+		"this store needs an Idempotency-Key header (1..255 bytes of printable text)")
+	errAdmin = problem(http.StatusUnauthorized, "admin_token_required", "Admin token required",
+		"send the admin token as Authorization: Bearer <token> or ?token=")
+)
+
+// toProblem is the one table that turns errors into HTTP problems.
+func toProblem(err error) (*problemError, time.Duration) {
+	var (
+		pe *problemError
+		ie *lab.InvalidError
+		ip *lab.InProgressError
+		he *echo.HTTPError
+	)
+	switch {
+	case errors.As(err, &pe):
+		return pe, 0
+	case errors.As(err, &ie):
+		p := problem(http.StatusBadRequest, "invalid_parameter", "Invalid parameter", ie.Error())
+		p.param = ie.Param
+		return p, 0
+	case errors.As(err, &ip):
+		return problem(http.StatusConflict, "idempotency_in_progress", "Request in progress",
+			"a request with this Idempotency-Key is still being processed; retry after the Retry-After delay"), ip.RetryAfter
+	case errors.Is(err, lab.ErrKeyReused):
+		return problem(http.StatusUnprocessableEntity, "idempotency_key_reused", "Idempotency-Key reused",
+			"this Idempotency-Key was first used with a different request; use a new key for a new charge"), 0
+	case errors.Is(err, lab.ErrOutboxWrite):
+		return problem(http.StatusServiceUnavailable, "charge_failed", "Charge failed",
+			"writing the receipt event failed, so nothing was charged or stored; retrying with the same key is safe"), time.Second
+	case errors.Is(err, lab.ErrStoreUnavailable):
+		return problem(http.StatusServiceUnavailable, "store_unavailable", "Store unavailable", err.Error()), time.Second
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return problem(http.StatusServiceUnavailable, "request_cancelled", "Request cancelled",
+			"the request ended before the charge completed; nothing was stored, retrying with the same key is safe"), time.Second
+	case errors.As(err, &he):
+		code := "http_" + strconv.Itoa(he.Code)
+		if he.Code == http.StatusNotFound {
+			code = "not_found"
+		}
+		return problem(he.Code, code, http.StatusText(he.Code), http.StatusText(he.Code)), 0
+	}
+	return problem(http.StatusInternalServerError, "internal_error", "Internal error",
+		"the server failed; the charge, if any, was not stored; retrying with the same key is safe"), 0
+}
+
+// writeProblem sends err as application/problem+json.
+func writeProblem(c echo.Context, log *slog.Logger, err error) error {
+	p, retryAfter := toProblem(err)
+	if p.status >= 500 {
+		log.ErrorContext(c.Request().Context(), "request failed", "path", c.Path(), "code", p.code, "err", err)
+	}
+	if retryAfter > 0 {
+		c.Response().Header().Set("Retry-After", strconv.Itoa(int(max(1, retryAfter.Round(time.Second).Seconds()))))
+	}
+	body, _ := json.Marshal(lab.Problem{
+		Type: problemType + p.code, Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param,
+	})
+	return c.Blob(p.status, "application/problem+json", body)
+}

@@ -1,0 +1,346 @@
+// Package api serves the lab over HTTP with Echo: the charge API that every
+// attempt takes, and the lab routes that run and report experiments.
+package api
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/labstack/echo/v4/middleware"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
+)
+
+// Config configures one replica's HTTP server.
+type Config struct {
+	Replica       string            // name of this replica, e.g. "r1"
+	BasePath      string            // prefix such as "/16" when behind a hub; "" for none
+	Tenants       map[string]string // bearer token -> tenant id
+	AdminToken    string            // required by /reset-lab when set
+	FaultsEnabled bool              // accept the Lab-Fault header and fault= runs
+	DefaultStore  string            // store of POST /charges without ?store=
+	Window        time.Duration     // dedupe window, reported by the lab routes
+	Logger        *slog.Logger
+}
+
+// Check reports whether one dependency answers.
+type Check struct {
+	Name     string
+	Describe string
+	Ping     func(ctx context.Context) error
+}
+
+// Cluster gives the lab routes the replicas they send attempts to.
+type Cluster interface {
+	// Targets returns the base URLs of n replicas (attempts go round-robin).
+	Targets(ctx context.Context, n int) ([]string, error)
+	// MaxReplicas is how many replicas Targets can give.
+	MaxReplicas() int
+	// ResetPeers makes the other replicas forget their keys.
+	ResetPeers(ctx context.Context, adminToken string) error
+}
+
+// Deps are what the server works with.
+type Deps struct {
+	Books       lab.Books
+	Stores      map[string]lab.Store // configured stores
+	Unavailable map[string]string    // store -> how to enable it
+	Checks      []Check
+	Runner      *experiment.Runner
+	Cluster     Cluster
+}
+
+// Server is one replica's HTTP server.
+type Server struct {
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	metrics *metrics
+	echo    *echo.Echo
+
+	mu   sync.Mutex
+	runs []experiment.Report // recent runs, newest last, bounded
+}
+
+const maxRunHistory = 100
+
+// New builds the server and its routes.
+func New(cfg Config, deps Deps) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if cfg.DefaultStore == "" {
+		cfg.DefaultStore = lab.StoreMemory
+	}
+	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica)}
+	reg := prometheus.NewRegistry()
+	s.metrics = newMetrics(reg, deps.Books)
+
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	e.HTTPErrorHandler = func(err error, c echo.Context) {
+		if !c.Response().Committed {
+			_ = writeProblem(c, s.log, err)
+		}
+	}
+	e.Use(middleware.Recover()) // re-panics http.ErrAbortHandler, which drops the connection
+	g := e.Group(strings.TrimSuffix(cfg.BasePath, "/"))
+	any := []string{http.MethodGet, http.MethodPost}
+	g.POST("/charges", s.postCharge)
+	g.GET("/", s.index)
+	g.GET("/health", s.health)
+	g.GET("/ready", s.ready)
+	g.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	g.Match(any, "/charge-unsafe", s.chargeUnsafe)
+	g.Match(any, "/charge-idempotent", s.chargeIdempotent)
+	g.GET("/idempotency/state", s.state)
+	g.GET("/outbox", s.outbox)
+	g.GET("/diagnostics/summary", s.summary)
+	g.Match(any, "/reset-lab", s.resetLab)
+	g.POST("/lab/restart-store", s.restartStore)
+	s.echo = e
+	return s
+}
+
+// Handler is the server's http.Handler.
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// Echo exposes the router so other packages can add routes.
+func (s *Server) Echo() *echo.Echo { return s.echo }
+
+// Store returns a configured store.
+func (s *Server) Store(name string) (lab.Store, bool) {
+	st, ok := s.deps.Stores[name]
+	return st, ok
+}
+
+// pickStore resolves ?store=.
+func (s *Server) pickStore(name string) (lab.Store, error) {
+	if name == "" {
+		name = s.cfg.DefaultStore
+	}
+	if !slices.Contains(lab.StoreNames, name) {
+		return nil, lab.Invalid("store", "must be one of %s (got %q)", strings.Join(lab.StoreNames, ", "), name)
+	}
+	st, ok := s.deps.Stores[name]
+	if !ok {
+		how := s.deps.Unavailable[name]
+		if how == "" {
+			how = "it is not configured on this server"
+		}
+		return nil, fmt.Errorf("%w: store %q is not available: %s", lab.ErrStoreUnavailable, name, how)
+	}
+	return st, nil
+}
+
+// tenant resolves the bearer token.
+func (s *Server) tenant(r *http.Request) (string, string, error) {
+	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return "", "", errUnauthorized
+	}
+	for t, tenant := range s.cfg.Tenants {
+		if subtle.ConstantTimeCompare([]byte(t), []byte(token)) == 1 {
+			return tenant, t, nil
+		}
+	}
+	return "", "", errUnauthorized
+}
+
+// postCharge is POST /charges, the path every attempt takes.
+func (s *Server) postCharge(c echo.Context) error {
+	r := c.Request()
+	st, err := s.pickStore(c.QueryParam("store"))
+	if err != nil {
+		return err
+	}
+	tenant, _, err := s.tenant(r)
+	if err != nil {
+		return err
+	}
+	keys, hasKey := r.Header[http.CanonicalHeaderKey("Idempotency-Key")]
+	key := ""
+	if hasKey {
+		key = keys[0]
+		if err := lab.ValidateKey(key); err != nil {
+			return err
+		}
+	} else if st.Name() != lab.StoreUnsafe {
+		return errKeyMissing
+	}
+	var faults lab.Faults
+	if h := r.Header.Get(lab.FaultHeader); h != "" {
+		if !s.cfg.FaultsEnabled {
+			return lab.Invalid(lab.FaultHeader, "fault injection is disabled on this server")
+		}
+		if faults, err = lab.ParseFaults(h); err != nil {
+			return err
+		}
+	}
+	run := r.Header.Get("Lab-Run")
+	if len(run) > 64 || lab.ValidateKey(run) != nil && run != "" {
+		return lab.Invalid("Lab-Run", "must be 1..64 bytes of printable text")
+	}
+	req, err := lab.ParseChargeRequest(r.Body)
+	if err != nil {
+		return err
+	}
+	a := lab.Attempt{
+		Scope:   lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key},
+		Request: req, Fingerprint: req.Fingerprint(), Run: run, Replica: s.cfg.Replica,
+		Store: st.Name(), Faults: faults,
+	}
+	out, err := st.Charge(r.Context(), a)
+	s.metrics.observe(st.Name(), out, err)
+	if err != nil {
+		if errors.Is(err, lab.ErrCrash) {
+			s.log.InfoContext(r.Context(), "injected crash: dropping the connection", "store", st.Name(), "fault", faults.Point)
+			panic(http.ErrAbortHandler)
+		}
+		return err
+	}
+	if out.Replayed {
+		c.Response().Header().Set("Idempotent-Replayed", "true")
+	}
+	ct := echo.MIMEApplicationJSON
+	if out.Response.Status >= 400 {
+		ct = "application/problem+json"
+	}
+	return c.Blob(out.Response.Status, ct, out.Response.Body)
+}
+
+func (s *Server) health(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "replica": s.cfg.Replica})
+}
+
+// ready reports each configured dependency.
+func (s *Server) ready(c echo.Context) error {
+	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
+	defer cancel()
+	status, deps := http.StatusOK, map[string]any{}
+	for _, ch := range s.deps.Checks {
+		d := map[string]any{"status": "ok", "describe": ch.Describe}
+		if err := ch.Ping(ctx); err != nil {
+			d["status"], d["error"] = "down", err.Error()
+			status = http.StatusServiceUnavailable
+		}
+		deps[ch.Name] = d
+	}
+	return c.JSON(status, map[string]any{"replica": s.cfg.Replica, "ledger": s.deps.Books.Kind(), "dependencies": deps})
+}
+
+// index lists the routes and the stores.
+func (s *Server) index(c echo.Context) error {
+	stores := map[string]any{}
+	for _, name := range lab.StoreNames {
+		if st, ok := s.deps.Stores[name]; ok {
+			stores[name] = map[string]any{"available": true, "keys": st.Describe()}
+		} else {
+			stores[name] = map[string]any{"available": false, "how_to_enable": s.deps.Unavailable[name]}
+		}
+	}
+	base := strings.TrimSuffix(s.cfg.BasePath, "/")
+	return c.JSON(http.StatusOK, map[string]any{
+		"lab":     "idempotency lab: why a retried charge is applied twice, and which designs stop it",
+		"replica": s.cfg.Replica,
+		"ledger":  s.deps.Books.Kind(),
+		"stores":  stores,
+		"faults":  map[string]any{"enabled": s.cfg.FaultsEnabled, "points": lab.FaultNames},
+		"routes": []string{
+			"POST " + base + "/charges?store=memory (Idempotency-Key, Authorization: Bearer <token>)",
+			"GET " + base + "/charge-unsafe?key=order-4711&account=acct-1&attempts=5&amount=2500",
+			"GET " + base + "/charge-idempotent?store=memory&key=order-4711&attempts=5&amount=2500&replicas=1&fault=",
+			"GET " + base + "/idempotency/state?limit=20",
+			"GET " + base + "/outbox?limit=20",
+			"GET " + base + "/diagnostics/summary",
+			"POST " + base + "/reset-lab",
+			"GET " + base + "/health", "GET " + base + "/ready", "GET " + base + "/metrics",
+		},
+	})
+}
+
+func (s *Server) requireAdmin(c echo.Context) error {
+	if s.cfg.AdminToken == "" {
+		return nil
+	}
+	token, _ := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+	if token == "" {
+		token = c.QueryParam("token")
+	}
+	if subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AdminToken)) != 1 {
+		return errAdmin
+	}
+	return nil
+}
+
+func (s *Server) requireFaults() error {
+	if !s.cfg.FaultsEnabled {
+		return problem(http.StatusForbidden, "faults_disabled", "Faults disabled", "fault injection is disabled on this server (LAB_FAULTS=on enables it)")
+	}
+	return nil
+}
+
+// ResetLocal forgets this replica's keys.
+func (s *Server) ResetLocal(ctx context.Context) error {
+	for name, st := range s.deps.Stores {
+		if err := st.Reset(ctx); err != nil {
+			return fmt.Errorf("error resetting store %s: %w", name, err)
+		}
+	}
+	s.mu.Lock()
+	s.runs = nil
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Server) resetLab(c echo.Context) error {
+	if err := s.requireAdmin(c); err != nil {
+		return err
+	}
+	ctx := c.Request().Context()
+	if err := s.ResetLocal(ctx); err != nil {
+		return err
+	}
+	if c.QueryParam("scope") != "local" {
+		if err := s.deps.Books.Reset(ctx); err != nil {
+			return fmt.Errorf("error resetting the books: %w", err)
+		}
+		if s.deps.Cluster != nil {
+			if err := s.deps.Cluster.ResetPeers(ctx, s.cfg.AdminToken); err != nil {
+				return err
+			}
+		}
+	}
+	return c.JSON(http.StatusOK, map[string]any{
+		"reset":   true,
+		"deleted": "the lab's own idempotency keys, ledger entries, outbox events and receipts; nothing else in the configured PostgreSQL or Redis",
+		"ledger":  s.deps.Books.Kind(),
+	})
+}
+
+func (s *Server) restartStore(c echo.Context) error {
+	if err := s.requireFaults(); err != nil {
+		return err
+	}
+	st, err := s.pickStore(c.QueryParam("store"))
+	if err != nil {
+		return err
+	}
+	if err := st.Restart(c.Request().Context()); err != nil {
+		return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
+	}
+	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica})
+}

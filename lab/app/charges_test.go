@@ -1,0 +1,385 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// http.DefaultClient keeps idle keep-alive connections between tests.
+		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
+		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
+		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
+	)
+}
+
+const body2500 = `{"account":"acct-1","amount_cents":2500,"currency":"USD"}`
+
+// fireCharges sends n identical charges at once, released together.
+func fireCharges(t *testing.T, base, store, token, key, run, body string, n int) []labtest.Reply {
+	t.Helper()
+	replies := make([]labtest.Reply, n)
+	errs := make([]error, n)
+	var ready, done sync.WaitGroup
+	release := make(chan struct{})
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	defer client.CloseIdleConnections()
+	for i := range n {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			req, _ := http.NewRequest(http.MethodPost, base+"/charges?store="+store, strings.NewReader(body))
+			req.Header.Set("Authorization", "Bearer "+token)
+			req.Header.Set("Idempotency-Key", key)
+			req.Header.Set("Lab-Run", run)
+			ready.Done()
+			<-release
+			resp, err := client.Do(req)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer resp.Body.Close()
+			var b bytes.Buffer
+			_, _ = b.ReadFrom(resp.Body)
+			replies[i] = labtest.Reply{Status: resp.StatusCode, Header: resp.Header, Body: b.Bytes()}
+		}()
+	}
+	ready.Wait()
+	close(release)
+	done.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("request failed: %v", err)
+		}
+	}
+	return replies
+}
+
+func runStats(t *testing.T, a *app.App, run string) lab.RunStats {
+	t.Helper()
+	s, err := a.Books().RunStats(context.Background(), run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func keyCharges(t *testing.T, a *app.App, tenant, store, key string) int {
+	t.Helper()
+	n, err := a.Books().KeyCharges(context.Background(), tenant, store, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// idempotentStores are the stores under test: memory always, the others
+// when their services are configured (see storeConfig).
+func TestConcurrentRetriesChargeOnce(t *testing.T) {
+	for _, store := range idempotentStores(t) {
+		t.Run(store, func(t *testing.T) {
+			a := labtest.Start(t, storeConfig(t, store))
+			replies := fireCharges(t, a.URL(), store, labtest.Acme, "k-"+store+"-50", "run-50-"+store, body2500, 50)
+			var first []byte
+			fresh, replayed, inProgress := 0, 0, 0
+			for _, r := range replies {
+				switch {
+				case r.Status == http.StatusCreated && r.Header.Get("Idempotent-Replayed") != "true":
+					fresh++
+					first = r.Body
+				case r.Status == http.StatusCreated:
+					replayed++
+				case r.Status == http.StatusConflict:
+					inProgress++
+					if r.Header.Get("Retry-After") == "" {
+						t.Errorf("409 without Retry-After")
+					}
+				default:
+					t.Errorf("unexpected reply %d %s", r.Status, r.Body)
+				}
+			}
+			if fresh != 1 || fresh+replayed+inProgress != 50 {
+				t.Fatalf("fresh=%d replayed=%d inProgress=%d, want 1 fresh", fresh, replayed, inProgress)
+			}
+			for _, r := range replies {
+				if r.Status == http.StatusCreated && !bytes.Equal(r.Body, first) {
+					t.Errorf("replay differs:\n%s\n%s", r.Body, first)
+				}
+			}
+			s := runStats(t, a, "run-50-"+store)
+			if s.Charges != 1 || s.OutboxEvents != 1 {
+				t.Fatalf("ledger: %d charges, %d outbox events; want 1 and 1", s.Charges, s.OutboxEvents)
+			}
+		})
+	}
+}
+
+func TestUnsafeChargesEveryAttempt(t *testing.T) {
+	a := labtest.Start(t, app.Config{})
+	replies := fireCharges(t, a.URL(), lab.StoreUnsafe, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
+	for _, r := range replies {
+		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+			t.Fatalf("reply %d replayed=%q", r.Status, r.Header.Get("Idempotent-Replayed"))
+		}
+	}
+	s := runStats(t, a, "run-unsafe")
+	if s.Charges != 50 || s.DirectSends != 50 || s.OutboxEvents != 0 {
+		t.Fatalf("ledger: %+v; want 50 charges sent directly", s)
+	}
+}
+
+func TestKeyReusedWithOtherPayload(t *testing.T) {
+	for _, store := range idempotentStores(t) {
+		t.Run(store, func(t *testing.T) {
+			a := labtest.Start(t, storeConfig(t, store))
+			if r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", body2500); r.Status != http.StatusCreated {
+				t.Fatalf("first: %d %s", r.Status, r.Body)
+			}
+			r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", `{"account":"acct-1","amount_cents":9999}`)
+			if r.Status != http.StatusUnprocessableEntity || r.JSON(t)["code"] != "idempotency_key_reused" ||
+				r.Header.Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("reuse: %d %s %s", r.Status, r.Header.Get("Content-Type"), r.Body)
+			}
+			if n := keyCharges(t, a, "acme", store, "k-reuse"); n != 1 {
+				t.Fatalf("ledger holds %d charges for the key, want 1", n)
+			}
+			// Field order, whitespace and the default currency do not change the fingerprint.
+			r = labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", ` { "amount_cents" : 2500 , "account":"acct-1" }`)
+			if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("reordered body: %d %s", r.Status, r.Body)
+			}
+		})
+	}
+}
+
+func TestBadRequestsChangeNothing(t *testing.T) {
+	a := labtest.Start(t, app.Config{})
+	cases := []struct {
+		name, key, body, code, param string
+	}{
+		{"MissingKey", "", body2500, "idempotency_key_missing", ""},
+		{"LongKey", strings.Repeat("k", 256), body2500, "invalid_parameter", "Idempotency-Key"},
+		{"ControlCharInKey", "a\tb", body2500, "invalid_parameter", "Idempotency-Key"},
+		{"MalformedJSON", "k-bad", `{"account":`, "invalid_parameter", "body"},
+		{"NegativeAmount", "k-bad", `{"account":"acct-1","amount_cents":-5}`, "invalid_parameter", "amount_cents"},
+		{"ZeroAmount", "k-bad", `{"account":"acct-1","amount_cents":0}`, "invalid_parameter", "amount_cents"},
+		{"StringAmount", "k-bad", `{"account":"acct-1","amount_cents":"abc"}`, "invalid_parameter", "amount_cents"},
+		{"FractionAmount", "k-bad", `{"account":"acct-1","amount_cents":25.5}`, "invalid_parameter", "amount_cents"},
+		{"OverflowAmount", "k-bad", `{"account":"acct-1","amount_cents":99999999999999999999}`, "invalid_parameter", "amount_cents"},
+		{"TooLargeAmount", "k-bad", `{"account":"acct-1","amount_cents":10000001}`, "invalid_parameter", "amount_cents"},
+		{"UnknownField", "k-bad", `{"account":"acct-1","amount_cents":1,"tip":5}`, "invalid_parameter", "tip"},
+		{"MissingAccount", "k-bad", `{"amount_cents":100}`, "invalid_parameter", "account"},
+		{"BadCurrency", "k-bad", `{"account":"acct-1","amount_cents":100,"currency":"US"}`, "invalid_parameter", "currency"},
+		{"TwoObjects", "k-bad", body2500 + body2500, "invalid_parameter", "body"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := labtest.Charge(t, a.URL(), lab.StoreMemory, labtest.Acme, tc.key, tc.body)
+			p := r.JSON(t)
+			if r.Status != http.StatusBadRequest || p["code"] != tc.code || (tc.param != "" && p["param"] != tc.param) {
+				t.Fatalf("got %d %s", r.Status, r.Body)
+			}
+			if r.Header.Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("content type %q", r.Header.Get("Content-Type"))
+			}
+		})
+	}
+	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
+		t.Fatalf("bad requests charged: %+v", s)
+	}
+	// Validation failures are never stored: the same key still works.
+	if r := labtest.Charge(t, a.URL(), lab.StoreMemory, labtest.Acme, "k-bad", body2500); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("valid request after bad ones: %d %s", r.Status, r.Body)
+	}
+}
+
+func TestAuthAndStoreErrors(t *testing.T) {
+	a := labtest.Start(t, app.Config{})
+	if r := labtest.Charge(t, a.URL(), lab.StoreMemory, "nope", "k", body2500); r.Status != http.StatusUnauthorized || r.JSON(t)["code"] != "unauthorized" {
+		t.Fatalf("unknown token: %d %s", r.Status, r.Body)
+	}
+	if r := labtest.Charge(t, a.URL(), "sqlite", labtest.Acme, "k", body2500); r.Status != http.StatusBadRequest || r.JSON(t)["param"] != "store" {
+		t.Fatalf("unknown store: %d %s", r.Status, r.Body)
+	}
+	r := labtest.Charge(t, a.URL(), lab.StoreRedis, labtest.Acme, "k", body2500)
+	if r.Status != http.StatusServiceUnavailable || r.JSON(t)["code"] != "store_unavailable" || !strings.Contains(string(r.Body), "REDIS_URL") {
+		t.Fatalf("unconfigured store: %d %s", r.Status, r.Body)
+	}
+	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
+		t.Fatalf("rejected requests charged: %+v", s)
+	}
+}
+
+func TestTenantsAreIsolated(t *testing.T) {
+	for _, store := range idempotentStores(t) {
+		t.Run(store, func(t *testing.T) {
+			a := labtest.Start(t, storeConfig(t, store))
+			acme := labtest.Charge(t, a.URL(), store, labtest.Acme, "shared-key", body2500)
+			globex := labtest.Charge(t, a.URL(), store, labtest.Globex, "shared-key", `{"account":"acct-1","amount_cents":700}`)
+			if acme.Status != http.StatusCreated || globex.Status != http.StatusCreated || globex.Header.Get("Idempotent-Replayed") != "" {
+				t.Fatalf("acme %d, globex %d %s", acme.Status, globex.Status, globex.Body)
+			}
+			if bytes.Equal(acme.Body, globex.Body) || globex.JSON(t)["amount_cents"] != float64(700) {
+				t.Fatalf("globex got acme's response: %s", globex.Body)
+			}
+			again := labtest.Charge(t, a.URL(), store, labtest.Globex, "shared-key", `{"account":"acct-1","amount_cents":700}`)
+			if !bytes.Equal(again.Body, globex.Body) {
+				t.Fatalf("globex replay %s, want its own %s", again.Body, globex.Body)
+			}
+			if keyCharges(t, a, "acme", store, "shared-key") != 1 || keyCharges(t, a, "globex", store, "shared-key") != 1 {
+				t.Fatal("want one charge per tenant")
+			}
+		})
+	}
+}
+
+func TestKeyIsNewAfterWindow(t *testing.T) {
+	for _, store := range idempotentStores(t) {
+		t.Run(store, func(t *testing.T) {
+			cfg := storeConfig(t, store)
+			cfg.Window = 300 * time.Millisecond
+			a := labtest.Start(t, cfg)
+			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
+			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
+			if first.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
+				t.Fatalf("first %d, replay %q", first.Status, replay.Header.Get("Idempotent-Replayed"))
+			}
+			time.Sleep(400 * time.Millisecond)
+			late := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
+			if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(late.Body, first.Body) {
+				t.Fatalf("after the window: %d replayed=%q", late.Status, late.Header.Get("Idempotent-Replayed"))
+			}
+			if n := keyCharges(t, a, "acme", store, "k-window"); n != 2 {
+				t.Fatalf("ledger holds %d charges, want 2 (the documented contract)", n)
+			}
+		})
+	}
+}
+
+func TestLabRoutes(t *testing.T) {
+	a := labtest.Start(t, app.Config{})
+	_, unsafeRun := labtest.Get(t, a.URL()+"/charge-unsafe?attempts=5")
+	if unsafeRun["charges_applied"] != float64(5) || unsafeRun["overcharged_cents"] != float64(10000) || unsafeRun["verdict"] != "breaks" {
+		t.Fatalf("unsafe run: %v", unsafeRun)
+	}
+	_, idem := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5")
+	if idem["charges_applied"] != float64(1) || idem["duplicates_prevented"] != float64(4) || idem["verdict"] != "holds" {
+		t.Fatalf("idempotent run: %v", idem)
+	}
+	_, again := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5")
+	if again["charges_applied"] != float64(0) || again["idempotency_hits"] != float64(5) || again["verdict"] != "holds" {
+		t.Fatalf("repeated run: %v", again)
+	}
+	if n := keyCharges(t, a, "acme", lab.StoreMemory, "order-4711"); n != 1 {
+		t.Fatalf("ledger: %d memory charges for order-4711, want 1", n)
+	}
+	for _, q := range []struct{ query, param string }{
+		{"attempts=0", "attempts"}, {"attempts=65", "attempts"}, {"amount=abc", "amount"}, {"amount=-5", "amount"},
+		{"amount=10000001", "amount"}, {"key=" + strings.Repeat("x", 256), "key"}, {"store=nope", "store"},
+		{"replicas=9", "replicas"}, {"fault=meteor", "fault"},
+	} {
+		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?"+q.query, nil, "")
+		p := r.JSON(t)
+		ranged := q.param != "store" && q.param != "fault" // the others name their allowed range
+		if r.Status != http.StatusBadRequest || p["param"] != q.param || ranged && !strings.Contains(p["detail"].(string), "..") {
+			t.Errorf("%s: %d %s", q.query, r.Status, r.Body)
+		}
+	}
+	if n := keyCharges(t, a, "acme", lab.StoreMemory, "order-4711"); n != 1 {
+		t.Fatalf("bad parameters charged: %d", n)
+	}
+	_, state := labtest.Get(t, a.URL()+"/idempotency/state?limit=1")
+	mem := state["stores"].(map[string]any)["memory"].(map[string]any)
+	if mem["total"] != float64(1) || len(mem["keys"].([]any)) != 1 {
+		t.Fatalf("state: %v", state)
+	}
+	_, sum := labtest.Get(t, a.URL()+"/diagnostics/summary")
+	if len(sum["recent_runs"].([]any)) != 3 {
+		t.Fatalf("summary: %v", sum)
+	}
+	r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("reset: %d %s", r.Status, r.Body)
+	}
+	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
+		t.Fatalf("reset left charges: %+v", s)
+	}
+	_, fresh := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5")
+	if fresh["charges_applied"] != float64(1) {
+		t.Fatalf("after reset: %v", fresh)
+	}
+}
+
+func TestResetNeedsAdminToken(t *testing.T) {
+	a := labtest.Start(t, app.Config{AdminToken: "s3cret"})
+	labtest.Charge(t, a.URL(), lab.StoreMemory, labtest.Acme, "k", body2500)
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusUnauthorized {
+		t.Fatalf("reset without token: %d", r.Status)
+	}
+	if keyCharges(t, a, "acme", lab.StoreMemory, "k") != 1 {
+		t.Fatal("a refused reset deleted charges")
+	}
+	h := http.Header{"Authorization": {"Bearer s3cret"}}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", h, ""); r.Status != http.StatusOK {
+		t.Fatalf("reset with token: %d %s", r.Status, r.Body)
+	}
+	if keyCharges(t, a, "acme", lab.StoreMemory, "k") != 0 {
+		t.Fatal("reset kept charges")
+	}
+}
+
+func TestBasePathAndMetrics(t *testing.T) {
+	a := labtest.Start(t, app.Config{BasePath: "/16"})
+	if !strings.HasSuffix(a.URL(), "/16") {
+		t.Fatalf("URL %s", a.URL())
+	}
+	labtest.Get(t, a.URL()+"/charge-idempotent?attempts=3")
+	r := labtest.Do(t, http.MethodGet, a.URL()+"/metrics", nil, "")
+	for _, series := range []string{
+		`lab_idempotency_claims_total{store="memory"} 1`, `lab_idempotency_replays_total{store="memory"}`,
+		"lab_outbox_pending", "lab_outbox_oldest_pending_seconds", `lab_charges_applied_total{store="memory"} 1`,
+	} {
+		if !strings.Contains(string(r.Body), series) {
+			t.Errorf("metrics lack %s", series)
+		}
+	}
+	if r := labtest.Do(t, http.MethodGet, strings.TrimSuffix(a.URL(), "/16")+"/health", nil, ""); r.Status != http.StatusNotFound {
+		t.Fatalf("route outside the base path: %d", r.Status)
+	}
+}
+
+func TestOutboxIsDelivered(t *testing.T) {
+	a := labtest.Start(t, app.Config{})
+	labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, ob := labtest.Get(t, a.URL()+"/outbox")
+		if ob["outbox_delivered"] == float64(1) && ob["outbox_pending"] == float64(0) && ob["receipts"] == float64(1) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox not delivered: %v", ob)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func ExampleDemoTenants() {
+	fmt.Println(len(app.DemoTenants()))
+	// Output: 2
+}

@@ -1,0 +1,89 @@
+package lab
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// NewEntry builds the ledger entry an attempt produces.
+func NewEntry(a Attempt, now time.Time) Entry {
+	return Entry{
+		ChargeID:    "ch_" + uuid.NewString(),
+		Tenant:      a.Scope.Tenant,
+		Account:     a.Request.Account,
+		AmountCents: a.Request.AmountCents,
+		Currency:    a.Request.Currency,
+		OrderID:     a.Request.OrderID,
+		Key:         a.Scope.Key,
+		Store:       a.Store,
+		Run:         a.Run,
+		Replica:     a.Replica,
+		CreatedAt:   now.UTC(),
+	}
+}
+
+// NewReceiptEvent builds the receipt effect of a charge.
+func NewReceiptEvent(e Entry) *Event {
+	payload, _ := json.Marshal(map[string]any{
+		"charge_id": e.ChargeID, "account": e.Account,
+		"amount_cents": e.AmountCents, "currency": e.Currency,
+	})
+	return &Event{
+		ID: uuid.NewString(), Type: EventReceiptEmail, ChargeID: e.ChargeID,
+		Tenant: e.Tenant, Run: e.Run, Payload: payload, State: EventPending,
+		NextAttempt: e.CreatedAt, CreatedAt: e.CreatedAt,
+	}
+}
+
+// ChargeResponse is the 201 the API sends and stores for replay.
+func ChargeResponse(c Charge) Response {
+	body, _ := json.Marshal(c)
+	return Response{Status: http.StatusCreated, Body: body}
+}
+
+// Problem is an RFC 9457 problem document.
+type Problem struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Code     string `json:"code"`
+	Detail   string `json:"detail,omitempty"`
+	Param    string `json:"param,omitempty"`
+	ChargeID string `json:"charge_id,omitempty"`
+}
+
+// OrderConflictResponse is the stored, deterministic business outcome of a
+// charge whose order was already charged.
+func OrderConflictResponse(oc *OrderConflictError) Response {
+	body, _ := json.Marshal(Problem{
+		Type: "https://idempotency.lab/problems/order_already_charged", Title: "Order already charged",
+		Status: http.StatusConflict, Code: "order_already_charged", Detail: oc.Error(), ChargeID: oc.ChargeID,
+	})
+	return Response{Status: http.StatusConflict, Body: body}
+}
+
+// Perform is the work every store except postgres runs once it decided the
+// attempt is first: charge the ledger (and record the event in the outbox,
+// atomically) with the injected faults on the way. It returns the response
+// to store, or an error when nothing was charged.
+func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Response, error) {
+	if err := a.Faults.Pause(ctx.Done()); err != nil {
+		return Response{}, err
+	}
+	entry := NewEntry(a, now)
+	c, err := ledger.Apply(ctx, Apply{Entry: entry, Event: NewReceiptEvent(entry), FailOutbox: a.Faults.Has(FaultOutboxFail)})
+	var oc *OrderConflictError
+	switch {
+	case errors.As(err, &oc):
+		return OrderConflictResponse(oc), nil
+	case err != nil:
+		return Response{}, fmt.Errorf("error applying charge: %w", err)
+	}
+	return ChargeResponse(c), nil
+}

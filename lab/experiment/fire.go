@@ -1,0 +1,149 @@
+// Package experiment runs the lab: N attempts of one charge released
+// together by a barrier against real servers, then the ledger's verdict.
+package experiment
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Request is one attempt to send.
+type Request struct {
+	URL    string
+	Header http.Header
+	Body   []byte
+}
+
+// Try is one HTTP exchange of an attempt.
+type Try struct {
+	Status     int           `json:"status"` // 0 when the connection dropped
+	Replayed   bool          `json:"replayed"`
+	Code       string        `json:"code,omitempty"`
+	Error      string        `json:"error,omitempty"`
+	StartMS    float64       `json:"start_ms"` // since the barrier's release
+	LatencyMS  float64       `json:"latency_ms"`
+	Body       []byte        `json:"-"`
+	retryAfter time.Duration // from Retry-After
+}
+
+// Result is what one attempt saw: its tries in order, the last one final.
+type Result struct {
+	Attempt int    `json:"attempt"`
+	Target  string `json:"target"`
+	Tries   []Try  `json:"tries"`
+	start   time.Time
+}
+
+// Final is the attempt's last try.
+func (r Result) Final() Try { return r.Tries[len(r.Tries)-1] }
+
+// Retry is how a client retries an attempt that got no answer or a 409/5xx.
+// The zero value sends once.
+type Retry struct {
+	Until time.Time     // no new try starts after this
+	Base  time.Duration // first backoff; doubles, capped at 4×Base
+}
+
+// Fire sends every request at once: each goroutine is ready and blocked on
+// one barrier before any is released. It returns the results in request
+// order and the spread between the first and the last start.
+func Fire(ctx context.Context, client *http.Client, reqs []Request, retry Retry) ([]Result, time.Duration) {
+	results := make([]Result, len(reqs))
+	var ready, done sync.WaitGroup
+	release := make(chan struct{})
+	var released time.Time
+	for i, req := range reqs {
+		ready.Add(1)
+		done.Add(1)
+		go func() {
+			defer done.Done()
+			ready.Done()
+			<-release
+			results[i] = attempt(ctx, client, i, req, retry, released)
+		}()
+	}
+	ready.Wait()
+	released = time.Now()
+	close(release)
+	done.Wait()
+	first, last := results[0].start, results[0].start
+	for _, r := range results {
+		if r.start.Before(first) {
+			first = r.start
+		}
+		if r.start.After(last) {
+			last = r.start
+		}
+	}
+	return results, last.Sub(first)
+}
+
+func attempt(ctx context.Context, client *http.Client, i int, req Request, retry Retry, released time.Time) Result {
+	r := Result{Attempt: i + 1, Target: req.URL, start: time.Now()}
+	backoff := retry.Base
+	for {
+		t := send(ctx, client, req, released)
+		r.Tries = append(r.Tries, t)
+		retryable := t.Status == 0 || t.Status == http.StatusConflict && t.Code == "idempotency_in_progress" || t.Status >= 500
+		if !retryable || retry.Until.IsZero() {
+			return r
+		}
+		wait := max(backoff, t.retryAfter)
+		wait = min(wait, 4*retry.Base, time.Until(retry.Until))
+		if wait < 0 || ctx.Err() != nil {
+			return r
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return r
+		}
+		backoff = min(2*backoff, 4*retry.Base)
+	}
+}
+
+func send(ctx context.Context, client *http.Client, req Request, released time.Time) Try {
+	start := time.Now()
+	t := Try{StartMS: ms(start.Sub(released))}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, req.URL, bytes.NewReader(req.Body))
+	if err != nil {
+		t.Error = err.Error()
+		return t
+	}
+	hr.Header = req.Header.Clone()
+	hr.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(hr)
+	if err == nil {
+		t.Body, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	t.LatencyMS = ms(time.Since(start))
+	if err != nil {
+		t.Error = connError(err)
+		return t
+	}
+	t.Status = resp.StatusCode
+	t.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	t.Code = problemCode(t.Body)
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		t.retryAfter = time.Duration(s) * time.Second / 4 // the lab retries faster than a real client
+	}
+	return t
+}
+
+func connError(err error) string {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return "connection closed without a response"
+	}
+	return err.Error()
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,385 @@
+package experiment
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Scenarios besides a plain retry storm.
+const (
+	ScenarioRetries = "retries" // N identical attempts
+	ScenarioReused  = "reused"  // the same key with another amount
+	ScenarioTenants = "tenants" // two tenants, one key
+)
+
+// Spec describes one lab run.
+type Spec struct {
+	Store       string
+	Scenario    string
+	Key         string
+	Account     string
+	AmountCents int64
+	OrderID     string
+	Attempts    int
+	Token       string // bearer token of the run's tenant
+	OtherToken  string // second tenant, for ScenarioTenants
+	Faults      lab.Faults
+}
+
+// Runner sends runs to real servers and reads their outcome from the books.
+type Runner struct {
+	Client  *http.Client
+	Books   lab.Books
+	Tenants map[string]string // bearer token -> tenant
+	Now     func() time.Time
+}
+
+// Report is one run's row: the ledger's figures, the verdict and why.
+type Report struct {
+	RunID               string    `json:"run_id"`
+	Store               string    `json:"store"`
+	Scenario            string    `json:"scenario"`
+	Fault               string    `json:"fault,omitempty"`
+	Key                 string    `json:"key"`
+	Account             string    `json:"account"`
+	Tenant              string    `json:"tenant"`
+	Attempts            int       `json:"attempts"`
+	Replicas            int       `json:"replicas"`
+	AmountCents         int64     `json:"amount_cents"`
+	ExpectedCharges     int       `json:"expected_charges"`
+	ChargesApplied      int       `json:"charges_applied"`
+	KeyCharges          int       `json:"key_charges"`
+	DuplicatesPrevented int       `json:"duplicates_prevented"`
+	DuplicatesApplied   int       `json:"duplicates_applied"`
+	IdempotencyHits     int       `json:"idempotency_hits"`
+	Rejections          int       `json:"rejections"`
+	InProgress          int       `json:"in_progress"`
+	Dropped             int       `json:"dropped_connections"`
+	BalanceCents        int64     `json:"balance_cents"`
+	OverchargedCents    int64     `json:"overcharged_cents"`
+	SideEffectsEmitted  int       `json:"side_effects_emitted"`
+	SideEffectTransport string    `json:"side_effect_transport"`
+	ReceiptsMissing     int       `json:"receipts_missing"`
+	OutboxPending       int       `json:"outbox_pending"`
+	OutboxDelivered     int       `json:"outbox_delivered"`
+	KeyAfterFault       string    `json:"key_after_fault,omitempty"`
+	LookupOverheadMS    float64   `json:"lookup_overhead_ms"`
+	DedupeWindowMS      int64     `json:"dedupe_window_ms,omitempty"`
+	BarrierSpreadMS     float64   `json:"barrier_spread_ms"`
+	WallMS              float64   `json:"wall_ms"`
+	Verdict             string    `json:"verdict"`
+	Reason              string    `json:"reason"`
+	Explanation         string    `json:"explanation"`
+	Note                string    `json:"note"`
+	Timeline            []Result  `json:"timeline"`
+	StartedAt           time.Time `json:"started_at"`
+}
+
+// Verdicts.
+const (
+	Holds  = "holds"
+	Breaks = "breaks"
+)
+
+// Run executes spec against targets (one base URL per replica; attempts go
+// round-robin over them) and reads the result from the books.
+func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, error) {
+	if spec.Scenario == "" {
+		spec.Scenario = ScenarioRetries
+	}
+	tenant, ok := r.Tenants[spec.Token]
+	if !ok {
+		return Report{}, lab.Invalid("tenant", "unknown tenant token")
+	}
+	if needsTwoPhases(spec) && spec.Attempts < 2 {
+		return Report{}, lab.Invalid("attempts", "must be at least 2 with fault %s (one faulted attempt, then retries)", spec.Faults.Point)
+	}
+	if spec.Scenario != ScenarioRetries && spec.Attempts < 2 {
+		return Report{}, lab.Invalid("attempts", "must be at least 2 in scenario %s", spec.Scenario)
+	}
+	rep := Report{
+		RunID: "run_" + uuid.NewString(), Store: spec.Store, Scenario: spec.Scenario, Fault: spec.Faults.Point,
+		Key: spec.Key, Account: spec.Account, Tenant: tenant, Attempts: spec.Attempts, Replicas: len(targets),
+		AmountCents: spec.AmountCents, ExpectedCharges: 1, StartedAt: r.now().UTC(),
+		SideEffectTransport: "outbox", DedupeWindowMS: spec.Faults.Retention.Milliseconds(),
+	}
+	if spec.Store == lab.StoreUnsafe {
+		rep.SideEffectTransport = "direct"
+	}
+	tenants := []string{tenant}
+	if spec.Scenario == ScenarioTenants {
+		other, ok := r.Tenants[spec.OtherToken]
+		if !ok || other == tenant {
+			return Report{}, lab.Invalid("tenant", "the tenants scenario needs a second, different tenant")
+		}
+		tenants = append(tenants, other)
+		rep.ExpectedCharges = 2
+	}
+	before := 0
+	for _, t := range tenants {
+		n, err := r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
+		if err != nil {
+			return rep, fmt.Errorf("error reading the ledger: %w", err)
+		}
+		before += n
+	}
+
+	start := time.Now()
+	results, spread, err := r.fire(ctx, spec, targets, rep.RunID, &rep)
+	if err != nil {
+		return rep, err
+	}
+	rep.WallMS = ms(time.Since(start))
+	rep.BarrierSpreadMS = ms(spread)
+	rep.Timeline = results
+	return rep, r.conclude(ctx, spec, tenants, before, &rep)
+}
+
+func needsTwoPhases(spec Spec) bool {
+	return spec.Faults.Point != "" && spec.Faults.Point != lab.FaultSlow
+}
+
+// fire sends the run's attempts: all at once for a plain storm, or one
+// faulted attempt followed by the others retrying as clients do.
+func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run string, rep *Report) ([]Result, time.Duration, error) {
+	reqs := make([]Request, spec.Attempts)
+	for i := range reqs {
+		reqs[i] = r.request(spec, targets[i%len(targets)], run, i)
+	}
+	if spec.Scenario == ScenarioRetries && !needsTwoPhases(spec) {
+		res, spread := Fire(ctx, r.Client, reqs, Retry{})
+		return res, spread, nil
+	}
+	// Phase one: the first attempt alone (carrying the fault, if any).
+	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
+	switch spec.Faults.Point {
+	case lab.FaultStoreRestart:
+		for _, t := range targets {
+			if err := r.restartStore(ctx, t, spec.Store); err != nil {
+				return nil, 0, err
+			}
+		}
+	case lab.FaultExpired:
+		wait := spec.Faults.Retention + 50*time.Millisecond
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+	}
+	if spec.Faults.Point != "" {
+		state, err := r.keyState(ctx, targets[0], spec)
+		if err != nil {
+			return nil, 0, err
+		}
+		rep.KeyAfterFault = state
+	}
+	// Phase two: the retries, released together, retrying like a client
+	// until the store answers (bounded).
+	budget := 3*time.Second + 3*spec.Faults.ClaimTTL + spec.Faults.Work
+	rest, spread := Fire(ctx, r.Client, reqs[1:], Retry{Until: time.Now().Add(budget), Base: 50 * time.Millisecond})
+	for i := range rest {
+		rest[i].Attempt++
+	}
+	return append(first, rest...), spread, nil
+}
+
+func (r *Runner) request(spec Spec, target, run string, i int) Request {
+	token, amount, faults := spec.Token, spec.AmountCents, spec.Faults
+	switch {
+	case spec.Scenario == ScenarioTenants && i%2 == 1:
+		token = spec.OtherToken
+	case spec.Scenario == ScenarioReused && i > 0:
+		amount++
+	}
+	if i > 0 && faults.Point != lab.FaultSlow {
+		faults.Point = "" // only the first attempt suffers the fault; retries are plain
+	}
+	if faults.Point == lab.FaultExpired {
+		faults.Point = "" // the server needs only the short window
+	}
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+token)
+	h.Set("Idempotency-Key", spec.Key)
+	h.Set("Lab-Run", run)
+	if f := faults.String(); f != "" {
+		h.Set(lab.FaultHeader, f)
+	}
+	body, _ := json.Marshal(lab.ChargeRequest{Account: spec.Account, AmountCents: amount, Currency: lab.DefaultCurrency, OrderID: spec.OrderID})
+	return Request{URL: target + "/charges?store=" + url.QueryEscape(spec.Store), Header: h, Body: body}
+}
+
+func (r *Runner) restartStore(ctx context.Context, target, store string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/lab/restart-store?store="+url.QueryEscape(store), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := r.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("error restarting store %s at %s: %w", store, target, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("error restarting store %s at %s: status %d", store, target, resp.StatusCode)
+	}
+	return nil
+}
+
+func (r *Runner) keyState(ctx context.Context, target string, spec Spec) (string, error) {
+	u := target + "/idempotency/state?store=" + url.QueryEscape(spec.Store) + "&key=" + url.QueryEscape(spec.Key)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Authorization", "Bearer "+spec.Token)
+	resp, err := r.Client.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("error reading key state at %s: %w", target, err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		KeyState string `json:"key_state"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		return "", fmt.Errorf("error decoding key state: %w", err)
+	}
+	return body.KeyState, nil
+}
+
+// conclude reads the ground truth and writes the verdict.
+func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before int, rep *Report) error {
+	stats, err := r.Books.RunStats(ctx, rep.RunID)
+	if err != nil {
+		return fmt.Errorf("error reading run stats: %w", err)
+	}
+	after := 0
+	for _, t := range tenants {
+		n, err := r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
+		if err != nil {
+			return fmt.Errorf("error reading the ledger: %w", err)
+		}
+		after += n
+	}
+	rep.ChargesApplied = stats.Charges
+	rep.KeyCharges = after
+	extra := func(n int) int { return max(0, n-rep.ExpectedCharges) }
+	rep.DuplicatesApplied = extra(after) - extra(before)
+	rep.DuplicatesPrevented = max(0, spec.Attempts-stats.Charges)
+	if spec.Store == lab.StoreUnsafe {
+		rep.DuplicatesPrevented = 0
+	}
+	rep.OverchargedCents = int64(rep.DuplicatesApplied) * spec.AmountCents
+	rep.SideEffectsEmitted = stats.OutboxEvents + stats.DirectSends
+	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
+	if rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); err != nil {
+		return fmt.Errorf("error reading the balance: %w", err)
+	}
+	ob, err := r.Books.OutboxStats(ctx)
+	if err != nil {
+		return fmt.Errorf("error reading the outbox: %w", err)
+	}
+	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered
+
+	var replayLatencies []float64
+	for _, res := range rep.Timeline {
+		f := res.Final()
+		switch {
+		case f.Replayed:
+			rep.IdempotencyHits++
+			replayLatencies = append(replayLatencies, f.LatencyMS)
+		case f.Status == http.StatusUnprocessableEntity:
+			rep.Rejections++
+		case f.Status == http.StatusConflict && f.Code == "idempotency_in_progress":
+			rep.InProgress++
+		}
+		for _, t := range res.Tries {
+			if t.Status == 0 {
+				rep.Dropped++
+			}
+		}
+	}
+	rep.LookupOverheadMS = median(replayLatencies)
+
+	rep.Verdict = Holds
+	if after != rep.ExpectedCharges {
+		rep.Verdict = Breaks
+	}
+	rep.Reason = reason(spec, rep)
+	rep.Explanation = Explain(spec.Store, scenarioFault(spec), rep.Verdict, spec.OrderID != "", rep.Replicas)
+	rep.Note = note(rep)
+	return nil
+}
+
+func scenarioFault(spec Spec) string {
+	if spec.Scenario != ScenarioRetries {
+		return spec.Scenario
+	}
+	return spec.Faults.Point
+}
+
+func reason(spec Spec, rep *Report) string {
+	who := "this key"
+	if spec.Scenario == ScenarioTenants {
+		who = "this key across both tenants"
+	}
+	s := fmt.Sprintf("the ledger holds %d charge(s) for %s, %d expected", rep.KeyCharges, who, rep.ExpectedCharges)
+	if rep.ChargesApplied != rep.KeyCharges {
+		s += fmt.Sprintf(" (%d made by this run)", rep.ChargesApplied)
+	}
+	return s
+}
+
+func note(rep *Report) string {
+	var parts []string
+	if rep.DuplicatesApplied > 0 {
+		parts = append(parts, fmt.Sprintf("%d duplicate charge(s), %d cents overcharged", rep.DuplicatesApplied, rep.OverchargedCents))
+	}
+	if rep.ReceiptsMissing > 0 {
+		parts = append(parts, fmt.Sprintf("%d charge(s) whose receipt never went out", rep.ReceiptsMissing))
+	}
+	if rep.Rejections > 0 {
+		parts = append(parts, fmt.Sprintf("%d attempt(s) rejected with 422 (key reused with another payload)", rep.Rejections))
+	}
+	if rep.KeyAfterFault != "" {
+		parts = append(parts, "key after the fault: "+rep.KeyAfterFault)
+	}
+	if len(parts) == 0 {
+		return "one charge, every retry answered from the store"
+	}
+	return strings.Join(parts, "; ")
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	sort.Float64s(xs)
+	return xs[len(xs)/2]
+}
+
+func (r *Runner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func problemCode(body []byte) string {
+	var p struct {
+		Code string `json:"code"`
+	}
+	_ = json.Unmarshal(body, &p)
+	return p.Code
+}

@@ -1,0 +1,252 @@
+// Package lab holds the domain of the idempotency lab: charge requests, the
+// ledger that records applied charges, the outbox that records their effects,
+// and the Store interface that each idempotency design implements.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Endpoint is the scope name of the charge API; keys are scoped per endpoint.
+const Endpoint = "POST /charges"
+
+// Store names.
+const (
+	StoreUnsafe   = "unsafe"
+	StoreMemory   = "memory"
+	StoreRedis    = "redis"
+	StorePostgres = "postgres"
+)
+
+// StoreNames lists every store in the order the lab presents them.
+var StoreNames = []string{StoreUnsafe, StoreMemory, StoreRedis, StorePostgres}
+
+// Scope identifies one logical operation: keys never cross tenants or endpoints.
+type Scope struct {
+	Tenant   string
+	Endpoint string
+	Key      string
+}
+
+func (s Scope) String() string { return s.Tenant + "|" + s.Endpoint + "|" + s.Key }
+
+// Attempt is one validated request on the charge path.
+type Attempt struct {
+	Scope       Scope
+	Request     ChargeRequest
+	Fingerprint string
+	Run         string // lab run that sent it, "" outside the lab
+	Replica     string // replica that served it
+	Store       string
+	Faults      Faults
+}
+
+// Response is what the server answers; completed responses are stored and
+// replayed byte for byte.
+type Response struct {
+	Status int
+	Body   []byte
+}
+
+// Outcome is a store's answer to an attempt.
+type Outcome struct {
+	Response Response
+	Replayed bool
+}
+
+// Charge is an applied charge as the API returns it.
+type Charge struct {
+	ID           string    `json:"id"`
+	Account      string    `json:"account"`
+	AmountCents  int64     `json:"amount_cents"`
+	Currency     string    `json:"currency"`
+	OrderID      string    `json:"order_id,omitempty"`
+	BalanceCents int64     `json:"balance_cents"`
+	CreatedAt    time.Time `json:"created_at"`
+}
+
+// Entry is one ledger row: an applied charge tagged with what produced it.
+type Entry struct {
+	ChargeID    string
+	Tenant      string
+	Account     string
+	AmountCents int64
+	Currency    string
+	OrderID     string
+	Key         string
+	Store       string
+	Run         string
+	Replica     string
+	CreatedAt   time.Time
+}
+
+// Event is an effect to deliver to the provider (a receipt e-mail).
+type Event struct {
+	ID          string    `json:"event_id"`
+	Type        string    `json:"type"`
+	ChargeID    string    `json:"charge_id"`
+	Tenant      string    `json:"tenant"`
+	Run         string    `json:"run,omitempty"`
+	Payload     []byte    `json:"-"`
+	State       string    `json:"state"`
+	Attempts    int       `json:"attempts"`
+	NextAttempt time.Time `json:"next_attempt_at"`
+	LastError   string    `json:"last_error,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	DeliveredAt time.Time `json:"delivered_at,omitzero"`
+}
+
+// Outbox event states.
+const (
+	EventPending   = "pending"
+	EventDelivered = "delivered"
+	EventDead      = "dead"
+)
+
+// EventReceiptEmail is the only effect a charge has.
+const EventReceiptEmail = "payment_receipt_email"
+
+// Apply asks the ledger to record one charge, and with Event set its outbox
+// event in the same atomic step.
+type Apply struct {
+	Entry      Entry
+	Event      *Event
+	FailOutbox bool // injected fault: writing the event fails, so nothing is kept
+}
+
+// RunStats are the ground-truth figures of one lab run.
+type RunStats struct {
+	Charges      int   // ledger entries created by the run
+	AmountCents  int64 // their sum
+	OutboxEvents int   // outbox events created by the run
+	DirectSends  int   // effects sent directly to the provider by the run
+}
+
+// StoreSummary aggregates the ledger per store.
+type StoreSummary struct {
+	Store             string `json:"store"`
+	ChargesApplied    int    `json:"charges_applied"`
+	Operations        int    `json:"operations"` // distinct (tenant, key, order) charged
+	DuplicatesApplied int    `json:"duplicates_applied"`
+	AmountCents       int64  `json:"amount_cents"`
+	OverchargedCents  int64  `json:"overcharged_cents"`
+}
+
+// OutboxStats summarises the outbox.
+type OutboxStats struct {
+	Pending          int           `json:"outbox_pending"`
+	Delivered        int           `json:"outbox_delivered"`
+	Dead             int           `json:"outbox_dead"`
+	OldestPendingAge time.Duration `json:"-"`
+}
+
+// Ledger is the system of record: every applied charge is one entry.
+type Ledger interface {
+	// Apply records a charge (and its event) atomically and returns it with
+	// the account balance after it. A duplicate order id yields *OrderConflictError.
+	Apply(ctx context.Context, a Apply) (Charge, error)
+	RunStats(ctx context.Context, run string) (RunStats, error)
+	Summary(ctx context.Context) ([]StoreSummary, error)
+	Balance(ctx context.Context, tenant, account string) (int64, error)
+	// KeyCharges counts the charges one store made under one tenant's key.
+	KeyCharges(ctx context.Context, tenant, store, key string) (int, error)
+}
+
+// Outbox holds effects recorded with their charge until delivered.
+type Outbox interface {
+	// ClaimDue leases up to limit due pending events for lease.
+	ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]Event, error)
+	MarkDelivered(ctx context.Context, id string) error
+	MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error
+	Events(ctx context.Context, limit int) ([]Event, error)
+	OutboxStats(ctx context.Context) (OutboxStats, error)
+}
+
+// Provider is the simulated receipt provider. It deduplicates by event id, as
+// a well-behaved downstream does, and reports whether a delivery was new.
+type Provider interface {
+	Deliver(ctx context.Context, e Event, direct bool) (duplicate bool, err error)
+	Receipts(ctx context.Context, run string) (unique, deliveries int, err error)
+}
+
+// Books is the shared ground truth: ledger, outbox and provider receipts,
+// kept together so one backend can commit them in one transaction.
+type Books interface {
+	Ledger
+	Outbox
+	Provider
+	// Reset deletes every row the lab owns, and nothing else.
+	Reset(ctx context.Context) error
+	Kind() string
+}
+
+// KeyState describes one stored idempotency key for /idempotency/state.
+type KeyState struct {
+	Tenant      string    `json:"tenant"`
+	Key         string    `json:"key"`
+	State       string    `json:"state"` // in_flight or completed
+	Fingerprint string    `json:"fingerprint"`
+	Status      int       `json:"response_status,omitempty"`
+	CreatedAt   time.Time `json:"created_at"`
+	ExpiresAt   time.Time `json:"expires_at"`
+	AgeMS       int64     `json:"age_ms"`
+}
+
+// Key states.
+const (
+	KeyInFlight  = "in_flight"
+	KeyCompleted = "completed"
+	KeyAbsent    = "absent"
+)
+
+// Store is one idempotency design: how the server tells a first request from
+// a retry before it charges.
+type Store interface {
+	Name() string
+	// Charge runs the attempt through the store's idempotency decision.
+	Charge(ctx context.Context, a Attempt) (Outcome, error)
+	// Keys lists at most limit keys, newest first, and the total count.
+	Keys(ctx context.Context, limit int) ([]KeyState, int, error)
+	// Lookup reports the state of one key (KeyAbsent when there is none).
+	Lookup(ctx context.Context, s Scope) (string, error)
+	// Reset forgets every key the store holds.
+	Reset(ctx context.Context) error
+	// Restart loses what the store would lose if its process or server
+	// restarted: volatile state goes, durable state stays.
+	Restart(ctx context.Context) error
+	// Sweep evicts expired keys and reports how many.
+	Sweep(ctx context.Context) (int, error)
+	// Describe says in one line where the store keeps its keys.
+	Describe() string
+}
+
+// Errors the charge path maps to problems.
+var (
+	ErrKeyReused        = errors.New("idempotency key reused with another request")
+	ErrInProgress       = errors.New("a request with this idempotency key is still in progress")
+	ErrStoreUnavailable = errors.New("store unavailable")
+	// ErrCrash makes the server drop the connection without a response, as a
+	// crashed process would.
+	ErrCrash = errors.New("injected crash")
+	// ErrOutboxWrite is the injected outbox failure.
+	ErrOutboxWrite = errors.New("injected failure writing the outbox event")
+)
+
+// OrderConflictError reports a charge for an order that was already charged.
+type OrderConflictError struct {
+	OrderID  string
+	ChargeID string
+}
+
+func (e *OrderConflictError) Error() string {
+	return fmt.Sprintf("order %q was already charged by %s", e.OrderID, e.ChargeID)
+}
+
+// InProgressError carries the Retry-After hint of a 409.
+type InProgressError struct{ RetryAfter time.Duration }
+
+func (e *InProgressError) Error() string { return ErrInProgress.Error() }
+func (e *InProgressError) Unwrap() error { return ErrInProgress }

@@ -1,0 +1,116 @@
+// Package labtest starts real labs for tests and talks to them over HTTP.
+package labtest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab/app"
+)
+
+// Tokens of the demo tenants.
+const (
+	Acme   = "demo-token-acme"
+	Globex = "demo-token-globex"
+)
+
+// ServiceURL returns the URL of a service from the environment. When it is
+// missing the test is skipped with the reason, or fails when
+// LAB_REQUIRE_SERVICES=1 (as in CI).
+func ServiceURL(tb testing.TB, env, example string) string {
+	tb.Helper()
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	msg := env + " is not set (e.g. " + env + "=" + example + "): this test needs the real service"
+	if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
+		tb.Fatal(msg + "; LAB_REQUIRE_SERVICES=1 makes that a failure")
+	}
+	tb.Skip(msg)
+	return ""
+}
+
+// Start runs a lab on a free loopback port until the test ends.
+func Start(tb testing.TB, cfg app.Config) *app.App {
+	tb.Helper()
+	if cfg.Addr == "" {
+		cfg.Addr = "127.0.0.1:0"
+	}
+	cfg.FaultsEnabled = true
+	a, err := app.Start(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("starting lab: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := a.Close(ctx); err != nil {
+			tb.Errorf("closing lab: %v", err)
+		}
+	})
+	return a
+}
+
+// Reply is one HTTP answer.
+type Reply struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// JSON decodes the body into a map.
+func (r Reply) JSON(tb testing.TB) map[string]any {
+	tb.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.Body, &m); err != nil {
+		tb.Fatalf("decoding %q: %v", r.Body, err)
+	}
+	return m
+}
+
+// Do sends one request.
+func Do(tb testing.TB, method, url string, header http.Header, body string) Reply {
+	tb.Helper()
+	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for k, v := range header {
+		req.Header[k] = v
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}
+}
+
+// Charge posts a charge as tenant token with key ("" sends none).
+func Charge(tb testing.TB, base, store, token, key, body string) Reply {
+	tb.Helper()
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+token)
+	h.Set("Content-Type", "application/json")
+	if key != "" {
+		h.Set("Idempotency-Key", key)
+	}
+	return Do(tb, http.MethodPost, base+"/charges?store="+store, h, body)
+}
+
+// Get fetches a URL and decodes its JSON object.
+func Get(tb testing.TB, url string) (int, map[string]any) {
+	tb.Helper()
+	r := Do(tb, http.MethodGet, url, nil, "")
+	return r.Status, r.JSON(tb)
+}

@@ -1,0 +1,275 @@
+package memory
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Books keeps the ledger, the outbox and the provider's receipts in process
+// memory: the ground truth when no PostgreSQL is configured. One mutex makes
+// a charge and its event one atomic step.
+type Books struct {
+	mu       sync.Mutex
+	now      func() time.Time
+	entries  []lab.Entry
+	orders   map[string]string // tenant|order_id -> charge id
+	balances map[string]int64  // tenant|account -> cents
+	events   []*lab.Event
+	byID     map[string]*lab.Event
+	receipts map[string]*receipt
+}
+
+type receipt struct {
+	run        string
+	direct     bool
+	deliveries int
+}
+
+// NewBooks returns empty in-memory books; now may be nil for time.Now.
+func NewBooks(now func() time.Time) *Books {
+	if now == nil {
+		now = time.Now
+	}
+	b := &Books{now: now}
+	b.clear()
+	return b
+}
+
+func (b *Books) clear() {
+	b.entries = nil
+	b.orders = map[string]string{}
+	b.balances = map[string]int64{}
+	b.events = nil
+	b.byID = map[string]*lab.Event{}
+	b.receipts = map[string]*receipt{}
+}
+
+// Kind names the backend.
+func (b *Books) Kind() string { return "memory" }
+
+// Reset forgets every charge, event and receipt.
+func (b *Books) Reset(context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.clear()
+	return nil
+}
+
+// Apply records the entry and its event, or nothing.
+func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := a.Entry
+	if e.OrderID != "" {
+		if id, ok := b.orders[e.Tenant+"|"+e.OrderID]; ok {
+			return lab.Charge{}, &lab.OrderConflictError{OrderID: e.OrderID, ChargeID: id}
+		}
+	}
+	if a.Event != nil && a.FailOutbox {
+		return lab.Charge{}, lab.ErrOutboxWrite
+	}
+	b.entries = append(b.entries, e)
+	if e.OrderID != "" {
+		b.orders[e.Tenant+"|"+e.OrderID] = e.ChargeID
+	}
+	acct := e.Tenant + "|" + e.Account
+	b.balances[acct] += e.AmountCents
+	if a.Event != nil {
+		ev := *a.Event
+		b.events = append(b.events, &ev)
+		b.byID[ev.ID] = &ev
+	}
+	return lab.Charge{
+		ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency,
+		OrderID: e.OrderID, BalanceCents: b.balances[acct], CreatedAt: e.CreatedAt,
+	}, nil
+}
+
+// RunStats counts what one run created.
+func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var s lab.RunStats
+	for _, e := range b.entries {
+		if e.Run == run {
+			s.Charges++
+			s.AmountCents += e.AmountCents
+		}
+	}
+	for _, ev := range b.events {
+		if ev.Run == run {
+			s.OutboxEvents++
+		}
+	}
+	for _, r := range b.receipts {
+		if r.run == run && r.direct {
+			s.DirectSends++
+		}
+	}
+	return s, nil
+}
+
+// Summary aggregates the ledger per store.
+func (b *Books) Summary(context.Context) ([]lab.StoreSummary, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	type op struct{ store, tenant, key, order string }
+	byStore := map[string]*lab.StoreSummary{}
+	firstAmount := map[op]int64{}
+	for _, e := range b.entries {
+		s := byStore[e.Store]
+		if s == nil {
+			s = &lab.StoreSummary{Store: e.Store}
+			byStore[e.Store] = s
+		}
+		s.ChargesApplied++
+		s.AmountCents += e.AmountCents
+		k := op{e.Store, e.Tenant, e.Key, e.OrderID}
+		if _, seen := firstAmount[k]; !seen {
+			firstAmount[k] = e.AmountCents
+			s.Operations++
+		}
+	}
+	out := make([]lab.StoreSummary, 0, len(byStore))
+	for _, s := range byStore {
+		var once int64
+		for k, amt := range firstAmount {
+			if k.store == s.Store {
+				once += amt
+			}
+		}
+		s.DuplicatesApplied = s.ChargesApplied - s.Operations
+		s.OverchargedCents = s.AmountCents - once
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(x, y lab.StoreSummary) int { return cmp.Compare(x.Store, y.Store) })
+	return out, nil
+}
+
+// Balance sums an account's charges.
+func (b *Books) Balance(_ context.Context, tenant, account string) (int64, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.balances[tenant+"|"+account], nil
+}
+
+// KeyCharges counts the charges one store made under one tenant's key.
+func (b *Books) KeyCharges(_ context.Context, tenant, store, key string) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for _, e := range b.entries {
+		if e.Tenant == tenant && e.Store == store && e.Key == key {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// ClaimDue leases due pending events, oldest first.
+func (b *Books) ClaimDue(_ context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	var out []lab.Event
+	for _, ev := range b.events {
+		if len(out) == limit {
+			break
+		}
+		if ev.State == lab.EventPending && !ev.NextAttempt.After(now) {
+			ev.Attempts++
+			ev.NextAttempt = now.Add(lease)
+			out = append(out, *ev)
+		}
+	}
+	return out, nil
+}
+
+// MarkDelivered records a successful delivery.
+func (b *Books) MarkDelivered(_ context.Context, id string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ev := b.byID[id]; ev != nil {
+		ev.State = lab.EventDelivered
+		ev.DeliveredAt = b.now().UTC()
+		ev.LastError = ""
+	}
+	return nil
+}
+
+// MarkFailed schedules another try, or gives up.
+func (b *Books) MarkFailed(_ context.Context, id string, next time.Time, dead bool, reason string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ev := b.byID[id]; ev != nil {
+		ev.NextAttempt = next
+		ev.LastError = reason
+		if dead {
+			ev.State = lab.EventDead
+		}
+	}
+	return nil
+}
+
+// Events lists at most limit events, newest first.
+func (b *Books) Events(_ context.Context, limit int) ([]lab.Event, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]lab.Event, 0, min(limit, len(b.events)))
+	for i := len(b.events) - 1; i >= 0 && len(out) < limit; i-- {
+		out = append(out, *b.events[i])
+	}
+	return out, nil
+}
+
+// OutboxStats counts events by state.
+func (b *Books) OutboxStats(context.Context) (lab.OutboxStats, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var s lab.OutboxStats
+	now := b.now()
+	for _, ev := range b.events {
+		switch ev.State {
+		case lab.EventPending:
+			s.Pending++
+			s.OldestPendingAge = max(s.OldestPendingAge, now.Sub(ev.CreatedAt))
+		case lab.EventDelivered:
+			s.Delivered++
+		case lab.EventDead:
+			s.Dead++
+		}
+	}
+	return s, nil
+}
+
+// Deliver records a receipt at the simulated provider, deduplicated by event id.
+func (b *Books) Deliver(_ context.Context, e lab.Event, direct bool) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.receipts[e.ID]
+	if r != nil {
+		r.deliveries++
+		return true, nil
+	}
+	b.receipts[e.ID] = &receipt{run: e.Run, direct: direct, deliveries: 1}
+	return false, nil
+}
+
+// Receipts counts the distinct receipts and deliveries of a run ("" for all).
+func (b *Books) Receipts(_ context.Context, run string) (int, int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	unique, deliveries := 0, 0
+	for _, r := range b.receipts {
+		if run == "" || r.run == run {
+			unique++
+			deliveries += r.deliveries
+		}
+	}
+	return unique, deliveries, nil
+}

@@ -1,0 +1,257 @@
+// Package memory holds the in-process designs: the key table of the memory
+// store and the in-memory books used when no PostgreSQL is configured.
+package memory
+
+import (
+	"cmp"
+	"container/heap"
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Store keeps idempotency keys in a map in this process's heap. The claim is
+// one atomic step under a mutex, which is right for one replica and wrong for
+// two: each replica has its own map.
+type Store struct {
+	ledger lab.Ledger
+	window time.Duration // how long completed keys are kept
+	wait   time.Duration // bound on waiting for an in-flight twin
+	now    func() time.Time
+
+	mu      sync.Mutex
+	table   map[string]*entry
+	expiry  expiryHeap
+	evicted int
+}
+
+type entry struct {
+	scope       lab.Scope
+	fingerprint string
+	done        chan struct{} // closed when the first request completes or gives up
+	resp        *lab.Response // set before done is closed when completed
+	createdAt   time.Time
+	expiresAt   time.Time
+	heapIndex   int
+}
+
+// Config configures a memory Store.
+type Config struct {
+	Ledger lab.Ledger
+	Window time.Duration    // retention of completed keys; default 24h
+	Wait   time.Duration    // bounded wait for an in-flight twin; default 2s
+	Now    func() time.Time // default time.Now
+}
+
+// New returns an empty memory store.
+func New(cfg Config) *Store {
+	s := &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now}
+	if s.window <= 0 {
+		s.window = 24 * time.Hour
+	}
+	if s.wait <= 0 {
+		s.wait = 2 * time.Second
+	}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	s.table = map[string]*entry{}
+	return s
+}
+
+// Name is the store's name.
+func (s *Store) Name() string { return lab.StoreMemory }
+
+// Describe says where the keys live.
+func (s *Store) Describe() string { return "a map in this replica's heap, claimed under a mutex" }
+
+// Charge claims the key or waits for its twin, then charges at most once per replica.
+func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	k := a.Scope.String()
+	deadline := time.NewTimer(s.wait)
+	defer deadline.Stop()
+	for {
+		e, claimed := s.claim(k, a)
+		if claimed {
+			return s.perform(ctx, k, e, a)
+		}
+		if e.fingerprint != a.Fingerprint {
+			return lab.Outcome{}, lab.ErrKeyReused
+		}
+		select {
+		case <-e.done:
+			if e.resp != nil {
+				return lab.Outcome{Response: *e.resp, Replayed: true}, nil
+			}
+			// The first request gave up and released the key: compete again.
+		case <-deadline.C:
+			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
+		case <-ctx.Done():
+			return lab.Outcome{}, ctx.Err()
+		}
+	}
+}
+
+// claim returns the live entry for k, creating it (claimed=true) when absent or expired.
+func (s *Store) claim(k string, a lab.Attempt) (*entry, bool) {
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.evictLocked(now, 2) // amortised eviction keeps the table bounded without a sweeper
+	if e, ok := s.table[k]; ok && (e.resp == nil || now.Before(e.expiresAt)) {
+		return e, false
+	}
+	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, heapIndex: -1}
+	s.table[k] = e
+	return e, true
+}
+
+func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) (lab.Outcome, error) {
+	if a.Faults.Has(lab.FaultCrashAfterClaim) {
+		s.crash()
+		return lab.Outcome{}, lab.ErrCrash
+	}
+	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
+	if err != nil {
+		s.release(k, e)
+		return lab.Outcome{}, err
+	}
+	if a.Faults.Has(lab.FaultCrashAfterCharge) {
+		s.crash()
+		return lab.Outcome{}, lab.ErrCrash
+	}
+	retention := s.window
+	if a.Faults.Retention > 0 {
+		retention = a.Faults.Retention
+	}
+	s.mu.Lock()
+	e.resp = &resp
+	e.expiresAt = s.now().Add(retention)
+	if s.table[k] == e { // not forgotten by a restart meanwhile
+		heap.Push(&s.expiry, e)
+	}
+	s.mu.Unlock()
+	close(e.done)
+	return lab.Outcome{Response: resp}, nil
+}
+
+// release forgets a claim whose work failed before anything was charged, so
+// a retry may run it again.
+func (s *Store) release(k string, e *entry) {
+	s.mu.Lock()
+	if s.table[k] == e {
+		delete(s.table, k)
+	}
+	s.mu.Unlock()
+	close(e.done)
+}
+
+// crash loses the table, as the death of this replica's process would.
+func (s *Store) crash() { _ = s.Restart(context.Background()) }
+
+// Restart forgets every key, as a process restart does.
+func (s *Store) Restart(context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.table = map[string]*entry{}
+	s.expiry = nil
+	return nil
+}
+
+// Reset forgets every key.
+func (s *Store) Reset(ctx context.Context) error { return s.Restart(ctx) }
+
+// Sweep evicts every expired key.
+func (s *Store) Sweep(context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.evictLocked(s.now(), -1), nil
+}
+
+// evictLocked removes up to max expired entries (all when max < 0).
+func (s *Store) evictLocked(now time.Time, max int) int {
+	n := 0
+	for len(s.expiry) > 0 && n != max && !now.Before(s.expiry[0].expiresAt) {
+		e := heap.Pop(&s.expiry).(*entry)
+		k := e.scope.String()
+		if s.table[k] == e {
+			delete(s.table, k)
+		}
+		n++
+	}
+	s.evicted += n
+	return n
+}
+
+// Len reports how many keys the table holds.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.table)
+}
+
+// Lookup reports the state of one key.
+func (s *Store) Lookup(_ context.Context, sc lab.Scope) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.table[sc.String()]
+	switch {
+	case !ok || (e.resp != nil && !s.now().Before(e.expiresAt)):
+		return lab.KeyAbsent, nil
+	case e.resp == nil:
+		return lab.KeyInFlight, nil
+	}
+	return lab.KeyCompleted, nil
+}
+
+// Keys lists the newest keys.
+func (s *Store) Keys(_ context.Context, limit int) ([]lab.KeyState, int, error) {
+	s.mu.Lock()
+	entries := make([]*entry, 0, len(s.table))
+	for _, e := range s.table {
+		entries = append(entries, e)
+	}
+	now := s.now()
+	s.mu.Unlock()
+	slices.SortFunc(entries, func(x, y *entry) int { return y.createdAt.Compare(x.createdAt) })
+	out := make([]lab.KeyState, 0, min(limit, len(entries)))
+	for _, e := range entries[:min(limit, len(entries))] {
+		ks := lab.KeyState{
+			Tenant: e.scope.Tenant, Key: e.scope.Key, State: lab.KeyInFlight, Fingerprint: e.fingerprint,
+			CreatedAt: e.createdAt.UTC(), AgeMS: now.Sub(e.createdAt).Milliseconds(),
+		}
+		s.mu.Lock()
+		if e.resp != nil {
+			ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.resp.Status, e.expiresAt.UTC()
+		}
+		s.mu.Unlock()
+		out = append(out, ks)
+	}
+	return out, len(entries), nil
+}
+
+// expiryHeap orders completed entries by expiry.
+type expiryHeap []*entry
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return cmp.Less(h[i].expiresAt.UnixNano(), h[j].expiresAt.UnixNano()) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIndex, h[j].heapIndex = i, j
+}
+func (h *expiryHeap) Push(x any) {
+	e := x.(*entry)
+	e.heapIndex = len(*h)
+	*h = append(*h, e)
+}
+func (h *expiryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	e.heapIndex = -1
+	return e
+}
