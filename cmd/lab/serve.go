@@ -48,6 +48,9 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&c.MaxReplicas, "max-replicas", 8, "in-process replicas a run may use, 1..8")
 	peers := fs.String("peers", env("LAB_PEERS", ""), "base URLs of peer lab processes, comma-separated (env LAB_PEERS)")
 	fs.StringVar(&c.Replica, "replica", env("LAB_REPLICA", "r1"), "name of this replica (env LAB_REPLICA)")
+	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL URL; holds the ledger, the outbox and the postgres store (env DATABASE_URL)")
+	fs.StringVar(&c.PGSchema, "pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "the lab's own PostgreSQL schema (env LAB_PG_SCHEMA)")
+	pool := fs.Int("pg-pool-size", 20, "PostgreSQL connections per replica")
 	fs.StringVar(&m.LogLevel, "log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -77,6 +80,10 @@ func (m *Main) ParseFlags(args []string) error {
 		}
 		*d.dst = v
 	}
+	if *pool < 1 || *pool > 500 {
+		return fmt.Errorf("-pg-pool-size must be in 1..500 (got %d)", *pool)
+	}
+	c.PGPoolSize = int32(*pool)
 	if c.MaxReplicas < 1 || c.MaxReplicas > 8 {
 		return fmt.Errorf("-max-replicas must be in 1..8 (got %d)", c.MaxReplicas)
 	}

@@ -3,6 +3,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,11 +14,15 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/unsafe"
 )
 
@@ -36,6 +41,9 @@ type Config struct {
 	MaxReplicas   int               // in-process replicas a run may use; default 8
 	Peers         []string          // base URLs of peer processes (cluster mode)
 	Replica       string            // this replica's name; default r1
+	DatabaseURL   string            // PostgreSQL; "" means none (or the embedded cluster)
+	PGSchema      string            // the lab's schema; default idempotency_lab
+	PGPoolSize    int32             // connections per replica pool; default 20
 	Logger        *slog.Logger
 }
 
@@ -80,10 +88,14 @@ func (c *Config) Defaults() {
 
 // App is a running lab.
 type App struct {
-	cfg    Config
-	books  lab.Books
-	client *http.Client
-	runner *experiment.Runner
+	cfg      Config
+	books    lab.Books
+	client   *http.Client
+	runner   *experiment.Runner
+	instance string        // names this lab's database sessions
+	pool     *pgxpool.Pool // the books' pool, when PostgreSQL is configured
+	checks   []api.Check
+	closers  []func() // run in reverse order on Close
 
 	primary *replica
 	mu      sync.Mutex
@@ -106,7 +118,11 @@ type replica struct {
 // Start builds the lab and starts serving on cfg.Addr.
 func Start(ctx context.Context, cfg Config) (*App, error) {
 	cfg.Defaults()
-	a := &App{cfg: cfg, books: memory.NewBooks(nil)}
+	a := &App{cfg: cfg, books: memory.NewBooks(nil), instance: "idempotency-lab-" + uuid.NewString()[:8]}
+	if err := a.openBooks(ctx); err != nil {
+		a.closeAll()
+		return nil, err
+	}
 	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 0}, Timeout: 30 * time.Second}
 	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Tenants: cfg.Tenants}
 
@@ -115,6 +131,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	r, err := a.startReplica(ctx, cfg.Replica, cfg.Addr)
 	if err != nil {
 		cancel()
+		a.closeAll()
 		return nil, err
 	}
 	a.primary = r
@@ -145,10 +162,20 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 		lab.StoreRedis:    "set REDIS_URL (e.g. redis://127.0.0.1:6379/0)",
 		lab.StorePostgres: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)",
 	}
+	if a.pool != nil {
+		// Each replica has its own pool, as a separate process would.
+		pool, err := a.openPool(ctx, false)
+		if err != nil {
+			return nil, err
+		}
+		a.closers = append(a.closers, pool.Close)
+		stores[lab.StorePostgres] = postgres.NewStore(postgres.StoreConfig{Pool: pool, Window: a.cfg.Window, Wait: a.cfg.InFlightWait, AppName: a.instance})
+		delete(unavailable, lab.StorePostgres)
+	}
 	srv := api.New(api.Config{
 		Replica: name, BasePath: a.cfg.BasePath, Tenants: a.cfg.Tenants, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Logger: a.cfg.Logger,
-	}, api.Deps{Books: a.books, Stores: stores, Unavailable: unavailable, Runner: a.runner, Cluster: a})
+	}, api.Deps{Books: a.books, Stores: stores, Unavailable: unavailable, Checks: a.checks, Runner: a.runner, Cluster: a})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
@@ -273,5 +300,38 @@ func (a *App) Close(ctx context.Context) error {
 	a.cancel()
 	a.bg.Wait()
 	a.client.CloseIdleConnections()
+	a.closeAll()
 	return errors.Join(errs...)
+}
+
+// closeAll releases pools and embedded services, newest first.
+func (a *App) closeAll() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+	a.closers = nil
+}
+
+// openBooks moves the ledger and outbox to PostgreSQL when it is configured.
+func (a *App) openBooks(ctx context.Context) error {
+	if a.cfg.DatabaseURL == "" {
+		return nil
+	}
+	pool, err := a.openPool(ctx, true)
+	if err != nil {
+		return err
+	}
+	a.pool = pool
+	a.closers = append(a.closers, pool.Close)
+	a.books = postgres.NewBooks(pool)
+	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: "ledger, outbox and postgres store (schema " + a.schema() + ")", Ping: pool.Ping})
+	return nil
+}
+
+func (a *App) schema() string { return cmp.Or(a.cfg.PGSchema, postgres.DefaultSchema) }
+
+func (a *App) openPool(ctx context.Context, migrate bool) (*pgxpool.Pool, error) {
+	return postgres.Open(ctx, postgres.PoolConfig{
+		URL: a.cfg.DatabaseURL, Schema: a.schema(), Size: a.cfg.PGPoolSize, AppName: a.instance, Migrate: migrate,
+	})
 }

@@ -5,16 +5,23 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
-// idempotentStores lists the idempotent stores this test run covers.
+// idempotentStores lists the idempotent stores every contract test covers.
+// Those needing a service fail without it under LAB_REQUIRE_SERVICES=1.
 func idempotentStores(t *testing.T) []string {
 	t.Helper()
-	return []string{lab.StoreMemory}
+	return []string{lab.StoreMemory, lab.StorePostgres}
 }
 
 // storeConfig returns a lab configuration in which store is available.
 func storeConfig(t *testing.T, store string) app.Config {
 	t.Helper()
+	switch store {
+	case lab.StorePostgres:
+		url, schema := labtest.Postgres(t)
+		return app.Config{DatabaseURL: url, PGSchema: schema}
+	}
 	return app.Config{}
 }

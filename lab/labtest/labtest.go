@@ -8,10 +8,15 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/variants/postgres"
 )
 
 // Tokens of the demo tenants.
@@ -113,4 +118,26 @@ func Get(tb testing.TB, url string) (int, map[string]any) {
 	tb.Helper()
 	r := Do(tb, http.MethodGet, url, nil, "")
 	return r.Status, r.JSON(tb)
+}
+
+// Postgres returns DATABASE_URL and a schema of the test's own, dropped when
+// the test ends, so tests never touch each other's rows (or anyone else's).
+func Postgres(tb testing.TB) (url, schema string) {
+	tb.Helper()
+	url = ServiceURL(tb, "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	schema = "lab_test_" + strings.ReplaceAll(uuid.NewString()[:13], "-", "")
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			tb.Errorf("dropping schema %s: %v", schema, err)
+			return
+		}
+		defer pool.Close()
+		if err := postgres.DropSchema(ctx, pool, schema); err != nil {
+			tb.Errorf("dropping schema %s: %v", schema, err)
+		}
+	})
+	return url, schema
 }

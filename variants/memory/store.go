@@ -236,8 +236,10 @@ func (s *Store) Keys(_ context.Context, limit int) ([]lab.KeyState, int, error) 
 // expiryHeap orders completed entries by expiry.
 type expiryHeap []*entry
 
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return cmp.Less(h[i].expiresAt.UnixNano(), h[j].expiresAt.UnixNano()) }
+func (h expiryHeap) Len() int { return len(h) }
+func (h expiryHeap) Less(i, j int) bool {
+	return cmp.Less(h[i].expiresAt.UnixNano(), h[j].expiresAt.UnixNano())
+}
 func (h expiryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].heapIndex, h[j].heapIndex = i, j

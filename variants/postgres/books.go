@@ -1,0 +1,233 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Books keeps the ledger, the outbox and the provider's receipts in
+// PostgreSQL, shared by every replica and every store.
+type Books struct {
+	pool *pgxpool.Pool
+}
+
+// NewBooks returns books on pool (whose search_path is the lab's schema).
+func NewBooks(pool *pgxpool.Pool) *Books { return &Books{pool: pool} }
+
+// Kind names the backend.
+func (b *Books) Kind() string { return "postgres" }
+
+// Ping checks the connection.
+func (b *Books) Ping(ctx context.Context) error { return b.pool.Ping(ctx) }
+
+// Apply records the charge and its event in one transaction, or nothing.
+func (b *Books) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
+	var c lab.Charge
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		var err error
+		c, err = applyTx(ctx, tx, a)
+		return err
+	})
+	return c, err
+}
+
+// applyTx inserts the ledger entry, and the outbox event when given, in tx.
+func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
+	e := a.Entry
+	var order *string
+	if e.OrderID != "" {
+		order = &e.OrderID
+	}
+	// ON CONFLICT on the order constraint keeps the transaction usable, so a
+	// duplicate order becomes a stored business outcome, not an abort.
+	tag, err := tx.Exec(ctx, `
+		INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		ON CONFLICT ON CONSTRAINT charges_tenant_order_unique DO NOTHING`,
+		e.ChargeID, e.Tenant, e.Account, e.AmountCents, e.Currency, order, e.Key, e.Store, e.Run, e.Replica, e.CreatedAt)
+	if err != nil {
+		return lab.Charge{}, fmt.Errorf("error inserting charge: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		var existing string
+		if err := tx.QueryRow(ctx, `SELECT id FROM charges WHERE tenant_id = $1 AND order_id = $2`, e.Tenant, e.OrderID).Scan(&existing); err != nil {
+			return lab.Charge{}, fmt.Errorf("error reading the charge of order %q: %w", e.OrderID, err)
+		}
+		return lab.Charge{}, &lab.OrderConflictError{OrderID: e.OrderID, ChargeID: existing}
+	}
+	var balance int64
+	if err := tx.QueryRow(ctx, `SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE tenant_id = $1 AND account = $2`,
+		e.Tenant, e.Account).Scan(&balance); err != nil {
+		return lab.Charge{}, fmt.Errorf("error reading balance: %w", err)
+	}
+	if ev := a.Event; ev != nil {
+		if a.FailOutbox {
+			return lab.Charge{}, lab.ErrOutboxWrite
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
+			VALUES ($1::uuid, $2, $3, $4, $5, $6::jsonb, $7, $7)`,
+			ev.ID, ev.Type, ev.ChargeID, ev.Tenant, ev.Run, string(ev.Payload), ev.CreatedAt); err != nil {
+			return lab.Charge{}, fmt.Errorf("error inserting outbox event: %w", err)
+		}
+	}
+	return lab.Charge{
+		ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency,
+		OrderID: e.OrderID, BalanceCents: balance, CreatedAt: e.CreatedAt,
+	}, nil
+}
+
+// RunStats counts what one run created.
+func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) {
+	var s lab.RunStats
+	err := b.pool.QueryRow(ctx, `
+		SELECT (SELECT count(*) FROM charges WHERE run_id = $1),
+		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
+		       (SELECT count(*) FROM outbox WHERE run_id = $1),
+		       (SELECT count(*) FROM provider_receipts WHERE run_id = $1 AND direct)`, run).
+		Scan(&s.Charges, &s.AmountCents, &s.OutboxEvents, &s.DirectSends)
+	if err != nil {
+		return s, fmt.Errorf("error reading run stats: %w", err)
+	}
+	return s, nil
+}
+
+// Summary aggregates the ledger per store.
+func (b *Books) Summary(ctx context.Context) ([]lab.StoreSummary, error) {
+	rows, err := b.pool.Query(ctx, `
+		WITH ops AS (
+			SELECT DISTINCT ON (store, tenant_id, idempotency_key, coalesce(order_id, ''))
+			       store, amount_cents
+			FROM charges
+			ORDER BY store, tenant_id, idempotency_key, coalesce(order_id, ''), created_at
+		)
+		SELECT c.store, count(*), sum(c.amount_cents)::bigint,
+		       (SELECT count(*) FROM ops WHERE ops.store = c.store),
+		       (SELECT sum(amount_cents)::bigint FROM ops WHERE ops.store = c.store)
+		FROM charges c GROUP BY c.store ORDER BY c.store`)
+	if err != nil {
+		return nil, fmt.Errorf("error summarising the ledger: %w", err)
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (lab.StoreSummary, error) {
+		var s lab.StoreSummary
+		var once int64
+		err := row.Scan(&s.Store, &s.ChargesApplied, &s.AmountCents, &s.Operations, &once)
+		s.DuplicatesApplied = s.ChargesApplied - s.Operations
+		s.OverchargedCents = s.AmountCents - once
+		return s, err
+	})
+}
+
+// Balance sums an account's charges.
+func (b *Books) Balance(ctx context.Context, tenant, account string) (int64, error) {
+	var n int64
+	err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE tenant_id = $1 AND account = $2`, tenant, account).Scan(&n)
+	return n, err
+}
+
+// KeyCharges counts the charges one store made under one tenant's key.
+func (b *Books) KeyCharges(ctx context.Context, tenant, store, key string) (int, error) {
+	var n int
+	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM charges WHERE tenant_id = $1 AND store = $2 AND idempotency_key = $3`, tenant, store, key).Scan(&n)
+	return n, err
+}
+
+const eventColumns = `event_id::text, event_type, charge_id, tenant_id, run_id, payload::text, state, attempts,
+	next_attempt_at, coalesce(last_error, ''), created_at, coalesce(delivered_at, 'epoch'::timestamptz)`
+
+func scanEvent(row pgx.CollectableRow) (lab.Event, error) {
+	var e lab.Event
+	var payload string
+	err := row.Scan(&e.ID, &e.Type, &e.ChargeID, &e.Tenant, &e.Run, &payload, &e.State, &e.Attempts,
+		&e.NextAttempt, &e.LastError, &e.CreatedAt, &e.DeliveredAt)
+	e.Payload = []byte(payload)
+	if e.DeliveredAt.Unix() == 0 {
+		e.DeliveredAt = time.Time{}
+	}
+	return e, err
+}
+
+// ClaimDue leases due events; SKIP LOCKED lets several relays share the work.
+func (b *Books) ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
+	rows, err := b.pool.Query(ctx, `
+		UPDATE outbox SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
+		WHERE event_id IN (
+			SELECT event_id FROM outbox WHERE state = 'pending' AND next_attempt_at <= now()
+			ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+		RETURNING `+eventColumns, limit, lease.Seconds())
+	if err != nil {
+		return nil, fmt.Errorf("error claiming events: %w", err)
+	}
+	return pgx.CollectRows(rows, scanEvent)
+}
+
+// MarkDelivered records a successful delivery.
+func (b *Books) MarkDelivered(ctx context.Context, id string) error {
+	_, err := b.pool.Exec(ctx, `UPDATE outbox SET state = 'delivered', delivered_at = now(), last_error = NULL WHERE event_id = $1::uuid AND state = 'pending'`, id)
+	return err
+}
+
+// MarkFailed schedules another try, or gives up.
+func (b *Books) MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error {
+	_, err := b.pool.Exec(ctx, `
+		UPDATE outbox SET next_attempt_at = $2, last_error = $3, state = CASE WHEN $4 THEN 'dead' ELSE state END
+		WHERE event_id = $1::uuid AND state = 'pending'`, id, next, reason, dead)
+	return err
+}
+
+// Events lists the newest events.
+func (b *Books) Events(ctx context.Context, limit int) ([]lab.Event, error) {
+	rows, err := b.pool.Query(ctx, `SELECT `+eventColumns+` FROM outbox ORDER BY created_at DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, fmt.Errorf("error listing events: %w", err)
+	}
+	return pgx.CollectRows(rows, scanEvent)
+}
+
+// OutboxStats counts events by state.
+func (b *Books) OutboxStats(ctx context.Context) (lab.OutboxStats, error) {
+	var s lab.OutboxStats
+	var oldest float64
+	err := b.pool.QueryRow(ctx, `
+		SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'delivered'),
+		       count(*) FILTER (WHERE state = 'dead'),
+		       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
+		FROM outbox`).Scan(&s.Pending, &s.Delivered, &s.Dead, &oldest)
+	s.OldestPendingAge = time.Duration(oldest * float64(time.Second))
+	return s, err
+}
+
+// Deliver records a receipt at the simulated provider, deduplicated by event id.
+func (b *Books) Deliver(ctx context.Context, e lab.Event, direct bool) (bool, error) {
+	var deliveries int
+	err := b.pool.QueryRow(ctx, `
+		INSERT INTO provider_receipts (event_id, run_id, direct) VALUES ($1::uuid, $2, $3)
+		ON CONFLICT (event_id) DO UPDATE SET deliveries = provider_receipts.deliveries + 1, last_received_at = now()
+		RETURNING deliveries`, e.ID, e.Run, direct).Scan(&deliveries)
+	if err != nil {
+		return false, fmt.Errorf("error recording receipt: %w", err)
+	}
+	return deliveries > 1, nil
+}
+
+// Receipts counts distinct receipts and deliveries of a run ("" for all).
+func (b *Books) Receipts(ctx context.Context, run string) (int, int, error) {
+	var unique, deliveries int
+	err := b.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(deliveries), 0)::int FROM provider_receipts WHERE $1 = '' OR run_id = $1`, run).Scan(&unique, &deliveries)
+	return unique, deliveries, err
+}
+
+// Reset empties the lab's own tables, and nothing else.
+func (b *Books) Reset(ctx context.Context) error {
+	_, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, provider_receipts, idempotency_requests`)
+	if err != nil {
+		return fmt.Errorf("error truncating the lab's tables: %w", err)
+	}
+	return nil
+}

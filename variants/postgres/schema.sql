@@ -1,0 +1,68 @@
+-- The lab's own tables. They live in the lab's schema (search_path), never
+-- beside the user's tables; every statement is safe to run again.
+
+CREATE TABLE IF NOT EXISTS idempotency_requests (
+    tenant_id           text        NOT NULL,
+    endpoint            text        NOT NULL,
+    idempotency_key     text        NOT NULL,
+    request_fingerprint text        NOT NULL,
+    state               text        NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    response_status     integer,
+    response_body       bytea,      -- replayed byte for byte, so not jsonb
+    resource_id         text,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    expires_at          timestamptz NOT NULL,
+    PRIMARY KEY (tenant_id, endpoint, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS idempotency_requests_expires_at ON idempotency_requests (expires_at);
+CREATE INDEX IF NOT EXISTS idempotency_requests_created_at ON idempotency_requests (created_at DESC);
+
+-- The ledger: one row per applied charge.
+CREATE TABLE IF NOT EXISTS charges (
+    id              text        PRIMARY KEY,
+    tenant_id       text        NOT NULL,
+    account         text        NOT NULL,
+    amount_cents    bigint      NOT NULL CHECK (amount_cents > 0),
+    currency        text        NOT NULL CHECK (length(currency) = 3),
+    order_id        text,
+    idempotency_key text        NOT NULL DEFAULT '',
+    store           text        NOT NULL,
+    run_id          text        NOT NULL DEFAULT '',
+    replica         text        NOT NULL DEFAULT '',
+    created_at      timestamptz NOT NULL,
+    -- The permanent domain key: one charge per order, whatever the key's retention.
+    CONSTRAINT charges_tenant_order_unique UNIQUE (tenant_id, order_id)
+);
+CREATE INDEX IF NOT EXISTS charges_run ON charges (run_id);
+CREATE INDEX IF NOT EXISTS charges_key ON charges (tenant_id, store, idempotency_key);
+CREATE INDEX IF NOT EXISTS charges_account ON charges (tenant_id, account);
+
+-- The transactional outbox: effects recorded with their charge.
+CREATE TABLE IF NOT EXISTS outbox (
+    event_id        uuid        PRIMARY KEY,
+    event_type      text        NOT NULL,
+    charge_id       text        NOT NULL REFERENCES charges (id) ON DELETE CASCADE,
+    tenant_id       text        NOT NULL,
+    run_id          text        NOT NULL DEFAULT '',
+    payload         jsonb       NOT NULL,
+    state           text        NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'dead')),
+    attempts        integer     NOT NULL DEFAULT 0,
+    next_attempt_at timestamptz NOT NULL DEFAULT now(),
+    last_error      text,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    delivered_at    timestamptz
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS outbox_run ON outbox (run_id);
+CREATE INDEX IF NOT EXISTS outbox_charge ON outbox (charge_id);
+
+-- What the simulated provider received, deduplicated by event id.
+CREATE TABLE IF NOT EXISTS provider_receipts (
+    event_id          uuid        PRIMARY KEY,
+    run_id            text        NOT NULL DEFAULT '',
+    direct            boolean     NOT NULL,
+    deliveries        integer     NOT NULL DEFAULT 1,
+    first_received_at timestamptz NOT NULL DEFAULT now(),
+    last_received_at  timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX IF NOT EXISTS provider_receipts_run ON provider_receipts (run_id);

@@ -1,0 +1,256 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Store decides with the database: INSERT … ON CONFLICT on the primary key
+// (tenant, endpoint, key) picks one owner, and the owner commits key, charge,
+// outbox event and response in one transaction.
+type Store struct {
+	pool    *pgxpool.Pool
+	window  time.Duration
+	wait    time.Duration
+	appName string // application_name of this lab's connections
+	now     func() time.Time
+}
+
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	Pool    *pgxpool.Pool
+	Window  time.Duration // key retention; default 24h
+	Wait    time.Duration // lock_timeout for a twin in flight; default 2s
+	AppName string        // application_name shared by this lab's pools (store_restart kills them)
+}
+
+// NewStore returns the postgres store.
+func NewStore(cfg StoreConfig) *Store {
+	s := &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, now: time.Now}
+	if s.window <= 0 {
+		s.window = 24 * time.Hour
+	}
+	if s.wait <= 0 {
+		s.wait = 2 * time.Second
+	}
+	return s
+}
+
+// Name is the store's name.
+func (s *Store) Name() string { return lab.StorePostgres }
+
+// Describe says where the keys live.
+func (s *Store) Describe() string {
+	return "PostgreSQL table idempotency_requests, claimed by INSERT … ON CONFLICT in the charge's transaction"
+}
+
+// Charge runs the attempt in one transaction. A dropped connection before
+// the outcome is known is retried: the key makes the retry safe.
+func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	var (
+		out lab.Outcome
+		err error
+	)
+	for try := 0; try < 3; try++ {
+		out, err = s.charge(ctx, a)
+		if err == nil || !connectionLost(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return out, err
+}
+
+func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err error) {
+	retention := s.window
+	if a.Faults.Retention > 0 {
+		retention = a.Faults.Retention
+	}
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return out, fmt.Errorf("error beginning transaction: %w", err)
+	}
+	// Rolls back on every early return, injected crashes included, as the
+	// server would on a dead session.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	// A twin in flight holds the row lock; wait for it, but bounded.
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.wait.Milliseconds())); err != nil {
+		return out, fmt.Errorf("error setting lock_timeout: %w", err)
+	}
+	sc := a.Scope
+	// Claim: insert, or take over a row whose retention has passed. On a
+	// live row nothing is written; the statement waits for an in-flight
+	// owner to commit or roll back before deciding.
+	var claimed bool
+	err = tx.QueryRow(ctx, `
+		INSERT INTO idempotency_requests AS r (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
+		VALUES ($1, $2, $3, $4, 'in_flight', now(), now() + make_interval(secs => $5))
+		ON CONFLICT (tenant_id, endpoint, idempotency_key) DO UPDATE
+			SET request_fingerprint = EXCLUDED.request_fingerprint, state = 'in_flight', response_status = NULL,
+			    response_body = NULL, resource_id = NULL, created_at = now(), expires_at = EXCLUDED.expires_at
+			WHERE r.expires_at <= now()
+		RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(&claimed)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return s.replay(ctx, tx, a)
+	case isLockTimeout(err):
+		return out, &lab.InProgressError{RetryAfter: time.Second}
+	case err != nil:
+		return out, fmt.Errorf("error claiming key: %w", err)
+	}
+
+	if a.Faults.Has(lab.FaultCrashAfterClaim) {
+		return out, lab.ErrCrash
+	}
+	if err := a.Faults.Pause(ctx.Done()); err != nil {
+		return out, err
+	}
+	entry := lab.NewEntry(a, s.now())
+	c, err := applyTx(ctx, tx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
+	var resp lab.Response
+	var oc *lab.OrderConflictError
+	switch {
+	case errors.As(err, &oc):
+		resp = lab.OrderConflictResponse(oc) // a deterministic business outcome: stored and replayed
+	case err != nil:
+		return out, err
+	default:
+		resp = lab.ChargeResponse(c)
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE idempotency_requests SET state = 'completed', response_status = $4, response_body = $5, resource_id = $6
+		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		sc.Tenant, sc.Endpoint, sc.Key, resp.Status, resp.Body, c.ID); err != nil {
+		return out, fmt.Errorf("error storing response: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return out, fmt.Errorf("error committing charge: %w", err)
+	}
+	if a.Faults.Has(lab.FaultCrashAfterCharge) {
+		return out, lab.ErrCrash // committed; the response is lost on the way
+	}
+	return lab.Outcome{Response: resp}, nil
+}
+
+// replay answers from the committed row: the stored response, or 422.
+func (s *Store) replay(ctx context.Context, tx pgx.Tx, a lab.Attempt) (lab.Outcome, error) {
+	var (
+		fingerprint, state string
+		status             *int
+		body               []byte
+	)
+	err := tx.QueryRow(ctx, `
+		SELECT request_fingerprint, state, response_status, response_body FROM idempotency_requests
+		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key).Scan(&fingerprint, &state, &status, &body)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Expired and swept between the two statements: a new operation.
+		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
+	case err != nil:
+		return lab.Outcome{}, fmt.Errorf("error reading key: %w", err)
+	case fingerprint != a.Fingerprint:
+		return lab.Outcome{}, lab.ErrKeyReused
+	case state != lab.KeyCompleted || status == nil:
+		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
+	}
+	return lab.Outcome{Response: lab.Response{Status: *status, Body: body}, Replayed: true}, nil
+}
+
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
+}
+
+// connectionLost reports errors after which the attempt can simply run
+// again on a fresh connection: the key makes the rerun safe.
+func connectionLost(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03" // admin shutdown, crash shutdown, cannot connect now
+	}
+	var ne net.Error
+	return pgconn.SafeToRetry(err) || errors.As(err, &ne) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "conn closed")
+}
+
+// Lookup reports one key's state.
+func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
+	var state string
+	var live bool
+	err := s.pool.QueryRow(ctx, `SELECT state, expires_at > now() FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		sc.Tenant, sc.Endpoint, sc.Key).Scan(&state, &live)
+	if errors.Is(err, pgx.ErrNoRows) || err == nil && !live {
+		return lab.KeyAbsent, nil
+	}
+	return state, err
+}
+
+// Keys lists the newest keys.
+func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error) {
+	var total int
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_requests`).Scan(&total); err != nil {
+		return nil, 0, fmt.Errorf("error counting keys: %w", err)
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
+		       (extract(epoch FROM now() - created_at) * 1000)::bigint
+		FROM idempotency_requests ORDER BY created_at DESC LIMIT $1`, limit)
+	if err != nil {
+		return nil, 0, fmt.Errorf("error listing keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (lab.KeyState, error) {
+		var k lab.KeyState
+		err := row.Scan(&k.Tenant, &k.Key, &k.State, &k.Fingerprint, &k.Status, &k.CreatedAt, &k.ExpiresAt, &k.AgeMS)
+		return k, err
+	})
+	return keys, total, err
+}
+
+// Reset deletes every key row.
+func (s *Store) Reset(ctx context.Context) error {
+	_, err := s.pool.Exec(ctx, `TRUNCATE idempotency_requests`)
+	return err
+}
+
+// Restart kills this lab's database sessions, as a server restart would:
+// open transactions roll back, committed rows stay.
+func (s *Store) Restart(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.appName); err != nil {
+		return fmt.Errorf("error terminating sessions: %w", err)
+	}
+	s.pool.Reset() // this pool's own idle connections go too
+	return nil
+}
+
+// sweepBatch bounds each DELETE so the sweeper never holds long locks.
+const sweepBatch = 1000
+
+// Sweep deletes expired keys in bounded batches and reports how many.
+func (s *Store) Sweep(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		tag, err := s.pool.Exec(ctx, `
+			DELETE FROM idempotency_requests WHERE ctid = ANY (ARRAY(
+				SELECT ctid FROM idempotency_requests WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED))`, sweepBatch)
+		if err != nil {
+			return total, fmt.Errorf("error sweeping keys: %w", err)
+		}
+		total += int(tag.RowsAffected())
+		if tag.RowsAffected() < sweepBatch {
+			return total, nil
+		}
+	}
+}

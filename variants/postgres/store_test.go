@@ -1,0 +1,232 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/postgres"
+)
+
+type env struct {
+	url, schema string
+	books       *postgres.Books
+	pool        *pgxpool.Pool
+}
+
+// setup gives the test a schema of its own and the books on it.
+func setup(t testing.TB) env {
+	t.Helper()
+	url, schema := labtest.Postgres(t)
+	pool := openPool(t, url, schema, true)
+	return env{url: url, schema: schema, books: postgres.NewBooks(pool), pool: pool}
+}
+
+func openPool(t testing.TB, url, schema string, migrate bool) *pgxpool.Pool {
+	t.Helper()
+	pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: migrate, AppName: "lab-test-" + schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func newStore(pool *pgxpool.Pool, schema string) *postgres.Store {
+	return postgres.NewStore(postgres.StoreConfig{Pool: pool, AppName: "lab-test-" + schema})
+}
+
+func attempt(tenant, key string, amount int64, orderID string) lab.Attempt {
+	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD", OrderID: orderID}
+	return lab.Attempt{
+		Scope: lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Fingerprint: req.Fingerprint(), Store: lab.StorePostgres, Run: "run-" + key,
+	}
+}
+
+// counts reads the rows one key left in the three tables.
+func (e env) counts(t *testing.T, tenant, key string) (charges, events, keys int) {
+	t.Helper()
+	err := e.pool.QueryRow(context.Background(), `
+		SELECT (SELECT count(*) FROM charges WHERE tenant_id = $1 AND idempotency_key = $2),
+		       (SELECT count(*) FROM outbox o JOIN charges c ON c.id = o.charge_id WHERE c.tenant_id = $1 AND c.idempotency_key = $2),
+		       (SELECT count(*) FROM idempotency_requests WHERE tenant_id = $1 AND idempotency_key = $2)`, tenant, key).
+		Scan(&charges, &events, &keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return
+}
+
+func TestTwoPoolsRaceOnOneKey(t *testing.T) {
+	e := setup(t)
+	replicas := []*postgres.Store{newStore(openPool(t, e.url, e.schema, false), e.schema), newStore(openPool(t, e.url, e.schema, false), e.schema)}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	for i := range 50 {
+		wg.Go(func() {
+			out, err := replicas[i%2].Charge(context.Background(), attempt("acme", "race", 2500, ""))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errors.Is(err, lab.ErrInProgress):
+				outcomes["in_progress"]++
+			case err != nil:
+				t.Errorf("attempt %d: %v", i, err)
+			case out.Replayed:
+				outcomes["replayed"]++
+			default:
+				outcomes["charged"]++
+			}
+		})
+	}
+	wg.Wait()
+	if outcomes["charged"] != 1 {
+		t.Fatalf("outcomes %v, want exactly one charge", outcomes)
+	}
+	if c, ev, k := e.counts(t, "acme", "race"); c != 1 || ev != 1 || k != 1 {
+		t.Fatalf("rows: %d charges, %d events, %d keys; want 1 each", c, ev, k)
+	}
+}
+
+func TestOutboxFailureRollsBackEverything(t *testing.T) {
+	e := setup(t)
+	s := newStore(e.pool, e.schema)
+	a := attempt("acme", "fail", 800, "")
+	a.Faults = lab.Faults{Point: lab.FaultOutboxFail}
+	if _, err := s.Charge(context.Background(), a); !errors.Is(err, lab.ErrOutboxWrite) {
+		t.Fatalf("got %v, want the injected outbox failure", err)
+	}
+	if c, ev, k := e.counts(t, "acme", "fail"); c != 0 || ev != 0 || k != 0 {
+		t.Fatalf("after rollback: %d charges, %d events, %d keys; want none", c, ev, k)
+	}
+	out, err := s.Charge(context.Background(), attempt("acme", "fail", 800, ""))
+	if err != nil || out.Replayed {
+		t.Fatalf("retry: %v replayed=%v", err, out.Replayed)
+	}
+	if c, ev, k := e.counts(t, "acme", "fail"); c != 1 || ev != 1 || k != 1 {
+		t.Fatalf("after retry: %d charges, %d events, %d keys; want 1 each", c, ev, k)
+	}
+}
+
+func TestCrashAfterClaimRollsBack(t *testing.T) {
+	e := setup(t)
+	s := newStore(e.pool, e.schema)
+	a := attempt("acme", "crash", 800, "")
+	a.Faults = lab.Faults{Point: lab.FaultCrashAfterClaim}
+	if _, err := s.Charge(context.Background(), a); !errors.Is(err, lab.ErrCrash) {
+		t.Fatalf("got %v", err)
+	}
+	if c, _, k := e.counts(t, "acme", "crash"); c != 0 || k != 0 {
+		t.Fatalf("crash left %d charges, %d keys", c, k)
+	}
+	if out, err := s.Charge(context.Background(), attempt("acme", "crash", 800, "")); err != nil || out.Replayed {
+		t.Fatalf("retry: %v", err)
+	}
+	if c, _, _ := e.counts(t, "acme", "crash"); c != 1 {
+		t.Fatalf("charges %d, want 1", c)
+	}
+}
+
+func TestKeySurvivesRestart(t *testing.T) {
+	e := setup(t)
+	first, err := newStore(e.pool, e.schema).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A new process: new pool, same database.
+	again, err := newStore(openPool(t, e.url, e.schema, true), e.schema).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
+	if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) {
+		t.Fatalf("after restart: %v replayed=%v body=%s", err, again.Replayed, again.Response.Body)
+	}
+}
+
+func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
+	e := setup(t)
+	s := newStore(openPool(t, e.url, e.schema, false), e.schema)
+	if _, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Restart(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, ""))
+	if err != nil || !out.Replayed {
+		t.Fatalf("after killed sessions: %v replayed=%v", err, out.Replayed)
+	}
+}
+
+func TestExpiryAndSweeper(t *testing.T) {
+	e := setup(t)
+	s := newStore(e.pool, e.schema)
+	ctx := context.Background()
+	short := func(key, order string) lab.Attempt {
+		a := attempt("acme", key, 500, order)
+		a.Faults.Retention = 100 * time.Millisecond
+		return a
+	}
+	for i := range 5 {
+		if _, err := s.Charge(ctx, short(fmt.Sprint("sweep-", i), "")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Charge(ctx, short("with-order", "order-77")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Charge(ctx, attempt("acme", "kept", 500, "")); err != nil { // default 24 h window
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+
+	// A retry after expiry is a new operation, unless the order id forbids it.
+	late, err := s.Charge(ctx, short("with-order", "order-77"))
+	if err != nil || late.Replayed || late.Response.Status != 409 {
+		t.Fatalf("late retry with order id: %v %d %s", err, late.Response.Status, late.Response.Body)
+	}
+	if c, _, _ := e.counts(t, "acme", "with-order"); c != 1 {
+		t.Fatalf("order charged %d times", c)
+	}
+	n, err := s.Sweep(ctx)
+	if err != nil || n != 5 {
+		t.Fatalf("swept %d (%v), want the 5 expired keys", n, err)
+	}
+	if _, total, _ := s.Keys(ctx, 10); total != 2 {
+		t.Fatalf("%d keys left, want the live one and the order's fresh one", total)
+	}
+}
+
+// BenchmarkChargeFreshKeys measures the whole transaction for a new key:
+// claim, charge, balance, outbox event, stored response, commit.
+func BenchmarkChargeFreshKeys(b *testing.B) {
+	e := setup(b)
+	s := newStore(e.pool, e.schema)
+	ctx := context.Background()
+	for i := 0; b.Loop(); i++ {
+		if _, err := s.Charge(ctx, attempt("acme", fmt.Sprint("fresh-", i), 100, "")); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkChargeReplay measures a retry answered from the stored response.
+func BenchmarkChargeReplay(b *testing.B) {
+	e := setup(b)
+	s := newStore(e.pool, e.schema)
+	ctx := context.Background()
+	if _, err := s.Charge(ctx, attempt("acme", "replayed", 100, "")); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if out, err := s.Charge(ctx, attempt("acme", "replayed", 100, "")); err != nil || !out.Replayed {
+			b.Fatal(err)
+		}
+	}
+}
