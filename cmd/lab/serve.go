@@ -51,6 +51,10 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.DatabaseURL, "database-url", env("DATABASE_URL", ""), "PostgreSQL URL; holds the ledger, the outbox and the postgres store (env DATABASE_URL)")
 	fs.StringVar(&c.PGSchema, "pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "the lab's own PostgreSQL schema (env LAB_PG_SCHEMA)")
 	pool := fs.Int("pg-pool-size", 20, "PostgreSQL connections per replica")
+	fs.BoolVar(&c.EmbedPostgres, "embedded-postgres", env("LAB_EMBEDDED_POSTGRES", "on") == "on", "without DATABASE_URL, start a throwaway PostgreSQL cluster when the server binaries are installed; on or off (env LAB_EMBEDDED_POSTGRES)")
+	fs.StringVar(&c.RedisURL, "redis-url", env("REDIS_URL", ""), "Redis URL for the redis store (env REDIS_URL)")
+	fs.StringVar(&c.RedisPrefix, "redis-prefix", env("LAB_REDIS_PREFIX", "idempotency-lab:"), "prefix of every Redis key the lab writes (env LAB_REDIS_PREFIX)")
+	fs.BoolVar(&c.EmbedRedis, "embedded-redis", env("LAB_EMBEDDED_REDIS", "on") == "on", "without REDIS_URL, start an embedded Redis (miniredis); on or off (env LAB_EMBEDDED_REDIS)")
 	fs.StringVar(&m.LogLevel, "log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
@@ -23,6 +25,8 @@ import (
 	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/postgres/embedded"
+	"github.com/idempotency-lab/lab/variants/redis"
 	"github.com/idempotency-lab/lab/variants/unsafe"
 )
 
@@ -44,6 +48,10 @@ type Config struct {
 	DatabaseURL   string            // PostgreSQL; "" means none (or the embedded cluster)
 	PGSchema      string            // the lab's schema; default idempotency_lab
 	PGPoolSize    int32             // connections per replica pool; default 20
+	EmbedPostgres bool              // without DatabaseURL, start a throwaway cluster when PostgreSQL is installed
+	RedisURL      string            // Redis; "" means none (or the embedded one)
+	RedisPrefix   string            // namespace of the lab's Redis keys; default idempotency-lab:
+	EmbedRedis    bool              // without RedisURL, start an embedded Redis (miniredis)
 	Logger        *slog.Logger
 }
 
@@ -96,6 +104,9 @@ type App struct {
 	pool     *pgxpool.Pool // the books' pool, when PostgreSQL is configured
 	checks   []api.Check
 	closers  []func() // run in reverse order on Close
+	// unavailable says, per store, how to enable it.
+	unavailable map[string]string
+	redisWhere  string // "embedded" or the server address
 
 	primary *replica
 	mu      sync.Mutex
@@ -119,7 +130,15 @@ type replica struct {
 func Start(ctx context.Context, cfg Config) (*App, error) {
 	cfg.Defaults()
 	a := &App{cfg: cfg, books: memory.NewBooks(nil), instance: "idempotency-lab-" + uuid.NewString()[:8]}
+	a.unavailable = map[string]string{
+		lab.StoreRedis:    "set REDIS_URL (e.g. redis://127.0.0.1:6379/0), or run lab serve with the embedded Redis (the default)",
+		lab.StorePostgres: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",
+	}
 	if err := a.openBooks(ctx); err != nil {
+		a.closeAll()
+		return nil, err
+	}
+	if err := a.openRedis(ctx); err != nil {
 		a.closeAll()
 		return nil, err
 	}
@@ -158,9 +177,19 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 		lab.StoreUnsafe: unsafe.New(a.books, a.books, nil),
 		lab.StoreMemory: memory.New(memory.Config{Ledger: a.books, Window: a.cfg.Window, Wait: a.cfg.InFlightWait}),
 	}
-	unavailable := map[string]string{
-		lab.StoreRedis:    "set REDIS_URL (e.g. redis://127.0.0.1:6379/0)",
-		lab.StorePostgres: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test)",
+	unavailable := maps.Clone(a.unavailable)
+	if a.cfg.RedisURL != "" {
+		opts, err := goredis.ParseURL(a.cfg.RedisURL)
+		if err != nil {
+			return nil, fmt.Errorf("error parsing REDIS_URL: %w", err)
+		}
+		client := goredis.NewClient(opts) // each replica its own client, as a separate process would
+		a.closers = append(a.closers, func() { _ = client.Close() })
+		stores[lab.StoreRedis] = redis.New(redis.Config{
+			Client: client, Ledger: a.books, Prefix: a.cfg.RedisPrefix, Window: a.cfg.Window,
+			Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL, Where: a.redisWhere,
+		})
+		delete(unavailable, lab.StoreRedis)
 	}
 	if a.pool != nil {
 		// Each replica has its own pool, as a separate process would.
@@ -312,8 +341,29 @@ func (a *App) closeAll() {
 	a.closers = nil
 }
 
-// openBooks moves the ledger and outbox to PostgreSQL when it is configured.
+// openBooks moves the ledger and outbox to PostgreSQL when it is configured,
+// or starts a throwaway cluster when asked and PostgreSQL is installed.
 func (a *App) openBooks(ctx context.Context) error {
+	where := "DATABASE_URL"
+	if a.cfg.DatabaseURL == "" && a.cfg.EmbedPostgres {
+		if _, err := embedded.Find(); err != nil {
+			a.cfg.Logger.Info("postgres store unavailable: no DATABASE_URL and no PostgreSQL server installed", "why", err)
+			return nil
+		}
+		cluster, err := embedded.Start(ctx, a.cfg.Logger)
+		if err != nil {
+			a.cfg.Logger.Warn("postgres store unavailable: the throwaway cluster did not start", "err", err)
+			a.unavailable[lab.StorePostgres] = "the throwaway cluster did not start (" + err.Error() + "); set DATABASE_URL"
+			return nil
+		}
+		a.closers = append(a.closers, func() {
+			if err := cluster.Close(); err != nil {
+				a.cfg.Logger.Warn("stopping the throwaway cluster", "err", err)
+			}
+		})
+		a.cfg.DatabaseURL, where = cluster.URL(), "embedded throwaway cluster, removed on exit"
+		a.cfg.Logger.Info("started a throwaway PostgreSQL cluster", "url", cluster.URL())
+	}
 	if a.cfg.DatabaseURL == "" {
 		return nil
 	}
@@ -324,7 +374,35 @@ func (a *App) openBooks(ctx context.Context) error {
 	a.pool = pool
 	a.closers = append(a.closers, pool.Close)
 	a.books = postgres.NewBooks(pool)
-	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: "ledger, outbox and postgres store (schema " + a.schema() + ")", Ping: pool.Ping})
+	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: where + ": ledger, outbox and postgres store (schema " + a.schema() + ")", Ping: pool.Ping})
+	return nil
+}
+
+// openRedis connects to REDIS_URL, or starts the embedded Redis when asked.
+func (a *App) openRedis(ctx context.Context) error {
+	a.redisWhere = "at REDIS_URL"
+	if a.cfg.RedisURL == "" && a.cfg.EmbedRedis {
+		e, err := redis.StartEmbedded()
+		if err != nil {
+			return err
+		}
+		a.closers = append(a.closers, e.Close)
+		a.cfg.RedisURL, a.redisWhere = e.URL(), "embedded (miniredis, in this process, TTLs on the wall clock)"
+	}
+	if a.cfg.RedisURL == "" {
+		return nil
+	}
+	opts, err := goredis.ParseURL(a.cfg.RedisURL)
+	if err != nil {
+		return fmt.Errorf("error parsing REDIS_URL: %w", err)
+	}
+	client := goredis.NewClient(opts)
+	a.closers = append(a.closers, func() { _ = client.Close() })
+	if err := client.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("error connecting to Redis at %s: %w", opts.Addr, err)
+	}
+	a.checks = append(a.checks, api.Check{Name: "redis", Describe: "redis store, " + a.redisWhere,
+		Ping: func(ctx context.Context) error { return client.Ping(ctx).Err() }})
 	return nil
 }
 

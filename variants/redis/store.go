@@ -1,0 +1,288 @@
+// Package redis holds the design that survives replicas but not every
+// failure: a SET NX claim with a TTL in Redis, the completed response cached
+// under the same key, and the ledger in another system.
+package redis
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// DefaultPrefix namespaces every key the lab writes to Redis.
+const DefaultPrefix = "idempotency-lab:"
+
+// Store claims keys in Redis with SET NX PX and caches completed responses.
+type Store struct {
+	client   *goredis.Client
+	ledger   lab.Ledger
+	prefix   string
+	window   time.Duration
+	wait     time.Duration
+	claimTTL time.Duration
+	where    string
+	now      func() time.Time
+}
+
+// Config configures a Store.
+type Config struct {
+	Client   *goredis.Client
+	Ledger   lab.Ledger
+	Prefix   string        // default DefaultPrefix
+	Window   time.Duration // retention of completed records; default 24h
+	Wait     time.Duration // bounded wait for an in-flight twin; default 2s
+	ClaimTTL time.Duration // lifetime of a claim; default 30s
+	Where    string        // how the server is reached, for Describe
+}
+
+// New returns a redis store.
+func New(cfg Config) *Store {
+	s := &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
+		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: time.Now}
+	if s.prefix == "" {
+		s.prefix = DefaultPrefix
+	}
+	if s.window <= 0 {
+		s.window = 24 * time.Hour
+	}
+	if s.wait <= 0 {
+		s.wait = 2 * time.Second
+	}
+	if s.claimTTL <= 0 {
+		s.claimTTL = 30 * time.Second
+	}
+	return s
+}
+
+// Name is the store's name.
+func (s *Store) Name() string { return lab.StoreRedis }
+
+// Describe says where the keys live.
+func (s *Store) Describe() string {
+	return fmt.Sprintf("Redis %s, keys %s*, claimed with SET NX PX (claim TTL %s)", s.where, s.prefix, s.claimTTL)
+}
+
+// record is the completed value cached under a key.
+type record struct {
+	Fingerprint string    `json:"fingerprint"`
+	Status      int       `json:"status"`
+	Body        []byte    `json:"body"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// A claim's value names its owner and the request it is for.
+const claimPrefix = "claim|"
+
+func claimValue(token, fingerprint string) string { return claimPrefix + token + "|" + fingerprint }
+
+// decoded is what a key currently holds.
+type decoded struct {
+	state       string // lab.KeyAbsent, lab.KeyInFlight or lab.KeyCompleted
+	fingerprint string
+	rec         record
+}
+
+func decode(v string) (decoded, error) {
+	if rest, ok := strings.CutPrefix(v, claimPrefix); ok {
+		_, fp, _ := strings.Cut(rest, "|")
+		return decoded{state: lab.KeyInFlight, fingerprint: fp}, nil
+	}
+	var r record
+	if err := json.Unmarshal([]byte(v), &r); err != nil {
+		return decoded{}, fmt.Errorf("error decoding record: %w", err)
+	}
+	return decoded{state: lab.KeyCompleted, fingerprint: r.Fingerprint, rec: r}, nil
+}
+
+// key scopes by tenant and endpoint; escaping keeps the parts apart.
+func (s *Store) key(sc lab.Scope) string {
+	return s.prefix + "idem:" + url.QueryEscape(sc.Tenant) + "|" + url.QueryEscape(sc.Endpoint) + "|" + url.QueryEscape(sc.Key)
+}
+
+// complete swaps the claim for the completed record only while the claim is
+// still ours: a claim that expired mid-work may belong to someone else now.
+var complete = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0`)
+
+// release deletes the claim only while it is still ours.
+var release = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0`)
+
+// Charge claims the key, charges the ledger, then caches the response.
+func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	k := s.key(a.Scope)
+	ttl := s.claimTTL
+	if a.Faults.ClaimTTL > 0 {
+		ttl = a.Faults.ClaimTTL
+	}
+	deadline := time.Now().Add(s.wait)
+	backoff := 5 * time.Millisecond
+	for {
+		claim := claimValue(uuid.NewString(), a.Fingerprint)
+		won, err := s.client.SetNX(ctx, k, claim, ttl).Result()
+		if err != nil {
+			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
+		}
+		if won {
+			return s.perform(ctx, k, claim, a)
+		}
+		v, err := s.client.Get(ctx, k).Result()
+		switch {
+		case errors.Is(err, goredis.Nil):
+			continue // the claim expired or was released: compete again
+		case err != nil:
+			return lab.Outcome{}, fmt.Errorf("%w: redis read failed: %v", lab.ErrStoreUnavailable, err)
+		}
+		d, err := decode(v)
+		if err != nil {
+			return lab.Outcome{}, err
+		}
+		switch {
+		case d.fingerprint != a.Fingerprint:
+			return lab.Outcome{}, lab.ErrKeyReused
+		case d.state == lab.KeyCompleted:
+			return lab.Outcome{Response: lab.Response{Status: d.rec.Status, Body: d.rec.Body}, Replayed: true}, nil
+		}
+		// In flight: poll with backoff until the bounded wait runs out.
+		if time.Now().Add(backoff).After(deadline) {
+			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return lab.Outcome{}, ctx.Err()
+		}
+		backoff = min(2*backoff, 100*time.Millisecond)
+	}
+}
+
+func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (lab.Outcome, error) {
+	if a.Faults.Has(lab.FaultCrashAfterClaim) {
+		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
+	}
+	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
+	if err != nil {
+		// Nothing was charged: give the key back so a retry can run.
+		if rerr := release.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim).Err(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("error releasing claim: %w", rerr))
+		}
+		return lab.Outcome{}, err
+	}
+	if a.Faults.Has(lab.FaultCrashAfterCharge) {
+		return lab.Outcome{}, lab.ErrCrash // charged in the ledger; Redis never hears of it
+	}
+	retention := s.window
+	if a.Faults.Retention > 0 {
+		retention = a.Faults.Retention
+	}
+	rec, _ := json.Marshal(record{Fingerprint: a.Fingerprint, Status: resp.Status, Body: resp.Body, CreatedAt: s.now().UTC()})
+	// If the claim expired mid-work the record is not written: the charge
+	// stands, and whoever holds the key now may charge again. That is the
+	// lesson of a lock TTL shorter than the work.
+	if err := complete.Run(ctx, s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
+		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %v", lab.ErrStoreUnavailable, err)
+	}
+	return lab.Outcome{Response: resp}, nil
+}
+
+// Lookup reports one key's state.
+func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
+	v, err := s.client.Get(ctx, s.key(sc)).Result()
+	if errors.Is(err, goredis.Nil) {
+		return lab.KeyAbsent, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("error reading key: %w", err)
+	}
+	d, err := decode(v)
+	return d.state, err
+}
+
+// scan visits every key of the lab's namespace.
+func (s *Store) scan(ctx context.Context, visit func(keys []string) error) error {
+	var cursor uint64
+	for {
+		keys, next, err := s.client.Scan(ctx, cursor, s.prefix+"idem:*", 500).Result()
+		if err != nil {
+			return fmt.Errorf("error scanning keys: %w", err)
+		}
+		if len(keys) > 0 {
+			if err := visit(keys); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			return nil
+		}
+	}
+}
+
+// Keys lists the newest keys (scanning the lab's namespace).
+func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error) {
+	var out []lab.KeyState
+	now := s.now()
+	err := s.scan(ctx, func(keys []string) error {
+		vals, err := s.client.MGet(ctx, keys...).Result()
+		if err != nil {
+			return fmt.Errorf("error reading keys: %w", err)
+		}
+		for i, v := range vals {
+			str, ok := v.(string)
+			if !ok {
+				continue
+			}
+			d, err := decode(str)
+			if err != nil {
+				continue
+			}
+			parts := strings.SplitN(strings.TrimPrefix(keys[i], s.prefix+"idem:"), "|", 3)
+			ks := lab.KeyState{State: d.state, Fingerprint: d.fingerprint}
+			if len(parts) == 3 {
+				ks.Tenant, _ = url.QueryUnescape(parts[0])
+				ks.Key, _ = url.QueryUnescape(parts[2])
+			}
+			if d.state == lab.KeyCompleted {
+				ks.Status, ks.CreatedAt, ks.AgeMS = d.rec.Status, d.rec.CreatedAt, now.Sub(d.rec.CreatedAt).Milliseconds()
+			}
+			out = append(out, ks)
+		}
+		return nil
+	})
+	slices.SortFunc(out, func(x, y lab.KeyState) int { return y.CreatedAt.Compare(x.CreatedAt) })
+	return out[:min(limit, len(out))], len(out), err
+}
+
+// Reset deletes the lab's keys, and only those.
+func (s *Store) Reset(ctx context.Context) error { return s.deleteAll(ctx) }
+
+// Restart loses every key, as Redis restarting without persistence does.
+// Only the lab's own keys are deleted, never the whole database.
+func (s *Store) Restart(ctx context.Context) error { return s.deleteAll(ctx) }
+
+func (s *Store) deleteAll(ctx context.Context) error {
+	return s.scan(ctx, func(keys []string) error {
+		return s.client.Unlink(ctx, keys...).Err()
+	})
+}
+
+// Sweep has nothing to do: Redis expires keys by their TTL.
+func (s *Store) Sweep(context.Context) (int, error) { return 0, nil }
