@@ -107,3 +107,6 @@ func (f Faults) Pause(done <-chan struct{}) error {
 		return fmt.Errorf("slow work interrupted")
 	}
 }
+
+// MarshalJSON renders the faults in header form.
+func (f Faults) MarshalJSON() ([]byte, error) { return []byte(strconv.Quote(f.String())), nil }

@@ -307,3 +307,48 @@ func (s *Server) summary(c echo.Context) error {
 		"recent_runs": runs[:min(len(runs), 20)],
 	})
 }
+
+// Matrix runs every store against every case, each cell a real run.
+func (s *Server) Matrix(ctx context.Context, progress func(done, total int, c experiment.Case, store string)) (experiment.Matrix, error) {
+	tokens := s.tokensByTenant()
+	if len(tokens) < 2 {
+		return experiment.Matrix{}, lab.Invalid("tenants", "the matrix needs two configured tenants")
+	}
+	return s.deps.Runner.RunMatrix(ctx, experiment.MatrixRequest{
+		Stores: lab.StoreNames,
+		Available: func(store string) bool {
+			_, ok := s.deps.Stores[store]
+			return ok
+		},
+		Targets: s.deps.Cluster.Targets, Token: tokens[0][1], Other: tokens[1][1],
+		Account: defaultAccount, Amount: defaultAmount, Progress: progress,
+	})
+}
+
+func (s *Server) matrix(c echo.Context) error {
+	if err := s.requireFaults(); err != nil {
+		return err
+	}
+	format := cmp.Or(c.QueryParam("format"), "json")
+	if format != "json" && format != "markdown" && format != "table" {
+		return lab.Invalid("format", "must be json, markdown or table (got %q)", format)
+	}
+	if s.deps.Cluster.MaxReplicas() < 3 {
+		return lab.Invalid("replicas", "the matrix needs 3 replicas; this server has %d", s.deps.Cluster.MaxReplicas())
+	}
+	m, err := s.Matrix(c.Request().Context(), nil)
+	if err != nil {
+		return err
+	}
+	switch format {
+	case "markdown":
+		c.Response().Header().Set(echo.HeaderContentType, "text/markdown; charset=utf-8")
+		c.Response().WriteHeader(http.StatusOK)
+		return m.WriteMarkdown(c.Response())
+	case "table":
+		c.Response().Header().Set(echo.HeaderContentType, echo.MIMETextPlainCharsetUTF8)
+		c.Response().WriteHeader(http.StatusOK)
+		return m.WriteTable(c.Response())
+	}
+	return c.JSON(http.StatusOK, m)
+}

@@ -84,7 +84,7 @@ func toProblem(err error) (*problemError, time.Duration) {
 // writeProblem sends err as application/problem+json.
 func writeProblem(c echo.Context, log *slog.Logger, err error) error {
 	p, retryAfter := toProblem(err)
-	if p.status >= 500 {
+	if p.status >= 500 && !errors.Is(err, lab.ErrOutboxWrite) { // injected failures are the lesson, not an incident
 		log.ErrorContext(c.Request().Context(), "request failed", "path", c.Path(), "code", p.code, "err", err)
 	}
 	if retryAfter > 0 {

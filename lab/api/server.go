@@ -111,6 +111,7 @@ func New(cfg Config, deps Deps) *Server {
 	g.GET("/diagnostics/summary", s.summary)
 	g.Match(any, "/reset-lab", s.resetLab)
 	g.POST("/lab/restart-store", s.restartStore)
+	g.GET("/lab/matrix", s.matrix)
 	s.echo = e
 	return s
 }
@@ -267,6 +268,7 @@ func (s *Server) index(c echo.Context) error {
 			"GET " + base + "/outbox?limit=20",
 			"GET " + base + "/diagnostics/summary",
 			"POST " + base + "/reset-lab",
+			"GET " + base + "/lab/matrix?format=json|markdown|table",
 			"GET " + base + "/health", "GET " + base + "/ready", "GET " + base + "/metrics",
 		},
 	})

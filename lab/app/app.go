@@ -110,7 +110,9 @@ type App struct {
 
 	primary *replica
 	mu      sync.Mutex
-	extra   []*replica // in-process replicas, started on demand
+	extra   []*replica      // in-process replicas, started on demand
+	poolsMu sync.Mutex      // guards pools (a.mu is held while replicas start)
+	pools   []*pgxpool.Pool // every pool of this lab, books' first
 
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
@@ -198,7 +200,12 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 			return nil, err
 		}
 		a.closers = append(a.closers, pool.Close)
-		stores[lab.StorePostgres] = postgres.NewStore(postgres.StoreConfig{Pool: pool, Window: a.cfg.Window, Wait: a.cfg.InFlightWait, AppName: a.instance})
+		a.poolsMu.Lock()
+		a.pools = append(a.pools, pool)
+		a.poolsMu.Unlock()
+		stores[lab.StorePostgres] = postgres.NewStore(postgres.StoreConfig{
+			Pool: pool, Window: a.cfg.Window, Wait: a.cfg.InFlightWait, AppName: a.instance, ResetPools: a.resetPools,
+		})
 		delete(unavailable, lab.StorePostgres)
 	}
 	srv := api.New(api.Config{
@@ -333,6 +340,16 @@ func (a *App) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// resetPools drops every pool's connections, after store_restart killed
+// this lab's database sessions.
+func (a *App) resetPools() {
+	a.poolsMu.Lock()
+	defer a.poolsMu.Unlock()
+	for _, p := range a.pools {
+		p.Reset()
+	}
+}
+
 // closeAll releases pools and embedded services, newest first.
 func (a *App) closeAll() {
 	for i := len(a.closers) - 1; i >= 0; i-- {
@@ -372,6 +389,7 @@ func (a *App) openBooks(ctx context.Context) error {
 		return err
 	}
 	a.pool = pool
+	a.pools = append(a.pools, pool)
 	a.closers = append(a.closers, pool.Close)
 	a.books = postgres.NewBooks(pool)
 	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: where + ": ledger, outbox and postgres store (schema " + a.schema() + ")", Ping: pool.Ping})

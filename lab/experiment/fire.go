@@ -118,6 +118,10 @@ func send(ctx context.Context, client *http.Client, req Request, released time.T
 		t.Error = err.Error()
 		return t
 	}
+	// Without GetBody the transport cannot replay the request by itself:
+	// net/http silently retries requests that carry an Idempotency-Key when a
+	// kept-alive connection drops, and the lab's retries must be its own.
+	hr.GetBody = nil
 	hr.Header = req.Header.Clone()
 	hr.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(hr)

@@ -79,6 +79,7 @@ type Report struct {
 	BarrierSpreadMS     float64   `json:"barrier_spread_ms"`
 	WallMS              float64   `json:"wall_ms"`
 	Verdict             string    `json:"verdict"`
+	ExpectedVerdict     string    `json:"expected_verdict"`
 	Reason              string    `json:"reason"`
 	Explanation         string    `json:"explanation"`
 	Note                string    `json:"note"`
@@ -316,16 +317,10 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		rep.Verdict = Breaks
 	}
 	rep.Reason = reason(spec, rep)
-	rep.Explanation = Explain(spec.Store, scenarioFault(spec), rep.Verdict, spec.OrderID != "", rep.Replicas)
+	rep.ExpectedVerdict = Expected(spec, rep.Replicas)
+	rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
 	rep.Note = note(rep)
 	return nil
-}
-
-func scenarioFault(spec Spec) string {
-	if spec.Scenario != ScenarioRetries {
-		return spec.Scenario
-	}
-	return spec.Faults.Point
 }
 
 func reason(spec Spec, rep *Report) string {

@@ -24,6 +24,7 @@ type Store struct {
 	window  time.Duration
 	wait    time.Duration
 	appName string // application_name of this lab's connections
+	reset   func() // drops every pool's connections after a restart
 	now     func() time.Time
 }
 
@@ -33,11 +34,17 @@ type StoreConfig struct {
 	Window  time.Duration // key retention; default 24h
 	Wait    time.Duration // lock_timeout for a twin in flight; default 2s
 	AppName string        // application_name shared by this lab's pools (store_restart kills them)
+	// ResetPools drops the connections of every pool sharing AppName after
+	// Restart killed their sessions; default: this store's pool only.
+	ResetPools func()
 }
 
 // NewStore returns the postgres store.
 func NewStore(cfg StoreConfig) *Store {
-	s := &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, now: time.Now}
+	s := &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: cfg.ResetPools, now: time.Now}
+	if s.reset == nil {
+		s.reset = cfg.Pool.Reset
+	}
 	if s.window <= 0 {
 		s.window = 24 * time.Hour
 	}
@@ -231,7 +238,7 @@ func (s *Store) Restart(ctx context.Context) error {
 		WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.appName); err != nil {
 		return fmt.Errorf("error terminating sessions: %w", err)
 	}
-	s.pool.Reset() // this pool's own idle connections go too
+	s.reset() // the pools' idle connections are dead: drop them
 	return nil
 }
 

@@ -1,0 +1,222 @@
+package experiment
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Case is one row of the breakage matrix.
+type Case struct {
+	Name     string     `json:"name"`
+	Title    string     `json:"title"`
+	Attempts int        `json:"attempts"`
+	Replicas int        `json:"replicas"`
+	Scenario string     `json:"scenario"`
+	Faults   lab.Faults `json:"faults"`
+	OrderID  bool       `json:"order_id"`
+}
+
+// Cases are the matrix's scenarios: the lesson of the brief, row by row.
+var Cases = []Case{
+	{Name: "retries", Title: "8 concurrent retries, 1 replica", Attempts: 8, Replicas: 1},
+	{Name: "replicas", Title: "9 concurrent retries over 3 replicas", Attempts: 9, Replicas: 3},
+	{Name: "slow_short_ttl", Title: "work 300 ms, claim TTL 100 ms", Attempts: 4, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}},
+	{Name: "slow_long_ttl", Title: "work 100 ms, claim TTL 1 s", Attempts: 4, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultSlow, Work: 100 * time.Millisecond, ClaimTTL: time.Second}},
+	{Name: "crash_after_claim", Title: "crash after the claim, then retries", Attempts: 3, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}},
+	{Name: "crash_after_charge", Title: "crash after the charge (lost response), then retries", Attempts: 3, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultCrashAfterCharge, ClaimTTL: 300 * time.Millisecond}},
+	{Name: "outbox_fail", Title: "the outbox write fails, then retries", Attempts: 3, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultOutboxFail, ClaimTTL: 300 * time.Millisecond}},
+	{Name: "store_restart", Title: "the store restarts between charge and retry", Attempts: 3, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultStoreRestart}},
+	{Name: "expired", Title: "retry after the retention window", Attempts: 2, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}},
+	{Name: "expired_order_id", Title: "retry after the window, with an order id", Attempts: 2, Replicas: 1,
+		Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, OrderID: true},
+	{Name: "reused", Title: "same key, another amount", Attempts: 3, Replicas: 1, Scenario: ScenarioReused},
+	{Name: "tenants", Title: "two tenants, one key", Attempts: 4, Replicas: 1, Scenario: ScenarioTenants},
+}
+
+// Cell is one (case, store) result.
+type Cell struct {
+	Store           string `json:"store"`
+	Available       bool   `json:"available"`
+	ExpectedCharges int    `json:"expected_charges"`
+	Charges         int    `json:"charges"`
+	Verdict         string `json:"verdict"`
+	ExpectedVerdict string `json:"expected_verdict"`
+	Explanation     string `json:"explanation"`
+	Note            string `json:"note,omitempty"`
+	RunID           string `json:"run_id,omitempty"`
+}
+
+// Row is one case across the stores.
+type Row struct {
+	Case  Case   `json:"case"`
+	Cells []Cell `json:"cells"`
+}
+
+// Matrix is every store against every case.
+type Matrix struct {
+	Stores []string      `json:"stores"`
+	Rows   []Row         `json:"rows"`
+	WallMS float64       `json:"wall_ms"`
+	took   time.Duration // for the text formats
+}
+
+// MatrixRequest says what to run.
+type MatrixRequest struct {
+	Stores    []string // in column order; unavailable ones are reported, not run
+	Available func(store string) bool
+	Targets   func(ctx context.Context, n int) ([]string, error)
+	Token     string // first tenant
+	Other     string // second tenant
+	Account   string
+	Amount    int64
+	Progress  func(done, total int, c Case, store string)
+}
+
+// RunMatrix runs every case on every available store, each on fresh keys.
+func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, error) {
+	start := time.Now()
+	m := Matrix{Stores: req.Stores}
+	total, done := len(Cases)*len(req.Stores), 0
+	batch := uuid.NewString()[:8]
+	for _, c := range Cases {
+		row := Row{Case: c}
+		for _, store := range req.Stores {
+			cell := Cell{Store: store, Available: req.Available(store)}
+			if cell.Available {
+				rep, err := r.runCase(ctx, req, c, store, batch)
+				if err != nil {
+					return m, fmt.Errorf("error running %s on %s: %w", c.Name, store, err)
+				}
+				cell.ExpectedCharges, cell.Charges = rep.ExpectedCharges, rep.KeyCharges
+				cell.Verdict, cell.ExpectedVerdict = rep.Verdict, rep.ExpectedVerdict
+				cell.Explanation, cell.Note, cell.RunID = rep.Explanation, rep.Note, rep.RunID
+			}
+			row.Cells = append(row.Cells, cell)
+			done++
+			if req.Progress != nil {
+				req.Progress(done, total, c, store)
+			}
+		}
+		m.Rows = append(m.Rows, row)
+	}
+	m.took = time.Since(start)
+	m.WallMS = ms(m.took)
+	return m, nil
+}
+
+func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store, batch string) (Report, error) {
+	key := fmt.Sprintf("matrix-%s-%s-%s", batch, c.Name, store)
+	spec := Spec{
+		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount,
+		Attempts: c.Attempts, Token: req.Token, OtherToken: req.Other, Faults: c.Faults,
+	}
+	if c.OrderID {
+		spec.OrderID = "order-" + key
+	}
+	targets, err := req.Targets(ctx, c.Replicas)
+	if err != nil {
+		return Report{}, err
+	}
+	return r.Run(ctx, spec, targets)
+}
+
+// Mismatches lists the cells whose verdict differs from the design's usual one.
+func (m Matrix) Mismatches() []string {
+	var out []string
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if c.Available && c.Verdict != c.ExpectedVerdict {
+				out = append(out, fmt.Sprintf("%s/%s: %s, usually %s (%d charges)", row.Case.Name, c.Store, c.Verdict, c.ExpectedVerdict, c.Charges))
+			}
+		}
+	}
+	return out
+}
+
+// WriteMarkdown writes the verdict table; it holds no timings or counts that
+// vary between runs, so it can be compared with the README's copy.
+func (m Matrix) WriteMarkdown(w io.Writer) error {
+	var b strings.Builder
+	b.WriteString("| case | expected charges |")
+	for _, s := range m.Stores {
+		b.WriteString(" `" + s + "` |")
+	}
+	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(m.Stores)) + "\n")
+	for _, row := range m.Rows {
+		fmt.Fprintf(&b, "| %s | %d |", row.Case.Title, expectedCharges(row))
+		for _, c := range row.Cells {
+			switch {
+			case !c.Available:
+				b.WriteString(" n/a |")
+			case c.Verdict == Holds:
+				b.WriteString(" holds |")
+			default:
+				b.WriteString(" **breaks** |")
+			}
+		}
+		b.WriteString("\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func expectedCharges(row Row) int {
+	if row.Case.Scenario == ScenarioTenants {
+		return 2
+	}
+	return 1
+}
+
+// WriteTable writes a plain-text table with the ledger's counts and why.
+func (m Matrix) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-52s", "case (charges in the ledger / expected)")
+	for _, s := range m.Stores {
+		fmt.Fprintf(&b, " %-14s", s)
+	}
+	b.WriteString("\n")
+	for _, row := range m.Rows {
+		fmt.Fprintf(&b, "%-52s", row.Case.Title)
+		for _, c := range row.Cells {
+			cell := "n/a"
+			if c.Available {
+				cell = fmt.Sprintf("%s %d/%d", c.Verdict, c.Charges, c.ExpectedCharges)
+			}
+			fmt.Fprintf(&b, " %-14s", cell)
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString("\nwhy:\n")
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if c.Available {
+				fmt.Fprintf(&b, "- %s / %s: %s\n", row.Case.Name, c.Store, c.Explanation)
+			}
+		}
+	}
+	fmt.Fprintf(&b, "\n%d runs in %s\n", len(m.Rows)*len(m.Stores), m.took.Round(time.Millisecond))
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteJSON writes the whole matrix.
+func (m Matrix) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(m)
+}
