@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -140,4 +141,28 @@ func Postgres(tb testing.TB) (url, schema string) {
 		}
 	})
 	return url, schema
+}
+
+// Redis returns REDIS_URL and a key prefix of the test's own; the test's
+// keys are deleted when it ends, and nothing else is touched.
+func Redis(tb testing.TB) (url, prefix string) {
+	tb.Helper()
+	url = ServiceURL(tb, "REDIS_URL", "redis://127.0.0.1:6379/0")
+	prefix = "lab-test-" + uuid.NewString()[:8] + ":"
+	tb.Cleanup(func() {
+		opts, err := goredis.ParseURL(url)
+		if err != nil {
+			tb.Errorf("parsing REDIS_URL: %v", err)
+			return
+		}
+		client := goredis.NewClient(opts)
+		defer client.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := client.Scan(ctx, 0, prefix+"*", 500).Iterator()
+		for iter.Next(ctx) {
+			client.Unlink(ctx, iter.Val())
+		}
+	})
+	return url, prefix
 }

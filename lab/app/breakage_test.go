@@ -1,0 +1,155 @@
+package app_test
+
+import (
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
+)
+
+// TestFaults reproduces, from real runs, where each store holds and breaks.
+// Every case reads the ledger, not the report alone.
+func TestFaults(t *testing.T) {
+	a := labtest.Start(t, fullConfig(t))
+	cases := []struct {
+		name, store, query string
+		charges            func(n int) bool
+		want               string
+		verdict            string
+	}{
+		{"RedisTTLShorterThanWork", lab.StoreRedis, "fault=slow&work_ms=300&ttl_ms=100&attempts=4", func(n int) bool { return n > 1 }, "> 1", "breaks"},
+		{"RedisTTLLongerThanWork", lab.StoreRedis, "fault=slow&work_ms=100&ttl_ms=1000&attempts=4", is(1), "1", "holds"},
+		{"RedisCrashAfterCharge", lab.StoreRedis, "fault=crash_after_charge&ttl_ms=300&attempts=3", is(2), "2", "breaks"},
+		{"PostgresCrashAfterCharge", lab.StorePostgres, "fault=crash_after_charge&attempts=3", is(1), "1", "holds"},
+		{"MemoryCrashAfterCharge", lab.StoreMemory, "fault=crash_after_charge&attempts=3", is(2), "2", "breaks"},
+		{"RedisStoreRestart", lab.StoreRedis, "fault=store_restart&attempts=3", is(2), "2", "breaks"},
+		{"MemoryStoreRestart", lab.StoreMemory, "fault=store_restart&attempts=3", is(2), "2", "breaks"},
+		{"PostgresStoreRestart", lab.StorePostgres, "fault=store_restart&attempts=3", is(1), "1", "holds"},
+		{"PostgresCrashAfterClaim", lab.StorePostgres, "fault=crash_after_claim&attempts=3", is(1), "1", "holds"},
+		{"RedisCrashAfterClaim", lab.StoreRedis, "fault=crash_after_claim&ttl_ms=300&attempts=3", is(1), "1", "holds"},
+		{"MemoryCrashAfterClaim", lab.StoreMemory, "fault=crash_after_claim&attempts=3", is(1), "1", "holds"},
+		{"PostgresOutboxFail", lab.StorePostgres, "fault=outbox_fail&attempts=3", is(1), "1", "holds"},
+		{"MemoryOutboxFail", lab.StoreMemory, "fault=outbox_fail&attempts=3", is(1), "1", "holds"},
+		{"RedisOutboxFail", lab.StoreRedis, "fault=outbox_fail&attempts=3", is(1), "1", "holds"},
+		{"UnsafeExpired", lab.StoreUnsafe, "fault=expired&window_ms=100&attempts=2", is(2), "2", "breaks"},
+		{"MemoryExpired", lab.StoreMemory, "fault=expired&window_ms=100&attempts=2", is(2), "2", "breaks"},
+		{"RedisExpired", lab.StoreRedis, "fault=expired&window_ms=100&attempts=2", is(2), "2", "breaks"},
+		{"PostgresExpired", lab.StorePostgres, "fault=expired&window_ms=100&attempts=2", is(2), "2", "breaks"},
+		{"PostgresExpiredWithOrderID", lab.StorePostgres, "fault=expired&window_ms=100&attempts=2&order_id=ord-1", is(1), "1", "holds"},
+		{"MemoryReused", lab.StoreMemory, "scenario=reused&attempts=3", is(1), "1", "holds"},
+		{"RedisReused", lab.StoreRedis, "scenario=reused&attempts=3", is(1), "1", "holds"},
+		{"PostgresReused", lab.StorePostgres, "scenario=reused&attempts=3", is(1), "1", "holds"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "k-" + tc.name
+			rep := labRun(t, a.URL(), tc.store, fmt.Sprintf("key=%s&%s", key, tc.query))
+			n := keyCharges(t, a, "acme", tc.store, key)
+			if !tc.charges(n) {
+				t.Fatalf("ledger holds %d charges, want %s; report: %v", n, tc.want, rep["explanation"])
+			}
+			if rep["verdict"] != tc.verdict || rep["key_charges"] != float64(n) {
+				t.Fatalf("report says %v with %v charges; ledger %d, want %s", rep["verdict"], rep["key_charges"], n, tc.verdict)
+			}
+			if rep["explanation"] == "" || rep["expected_verdict"] != tc.verdict {
+				t.Fatalf("explanation %q, expected verdict %v", rep["explanation"], rep["expected_verdict"])
+			}
+		})
+	}
+}
+
+func is(want int) func(int) bool { return func(n int) bool { return n == want } }
+
+// labRun fires a lab run and returns its report.
+func labRun(t *testing.T, base, store, query string) map[string]any {
+	t.Helper()
+	route := "/charge-idempotent?store=" + store + "&"
+	if store == lab.StoreUnsafe {
+		route = "/charge-unsafe?"
+	}
+	r := labtest.Do(t, http.MethodGet, base+route+query, nil, "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("run %s: %d %s", query, r.Status, r.Body)
+	}
+	return r.JSON(t)
+}
+
+func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
+	cfg := fullConfig(t)
+	cfg.InFlightWait = 100 * time.Millisecond // shorter than the claim TTL, so the client sees the 409s
+	a := labtest.Start(t, cfg)
+	rep := labRun(t, a.URL(), lab.StoreRedis, "key=k-stuck&fault=crash_after_claim&ttl_ms=600&attempts=2")
+	if rep["key_after_fault"] != lab.KeyInFlight {
+		t.Fatalf("after the crash the claim is %v, want it stuck in flight", rep["key_after_fault"])
+	}
+	retry := rep["timeline"].([]any)[1].(map[string]any)["tries"].([]any)
+	first, last := retry[0].(map[string]any), retry[len(retry)-1].(map[string]any)
+	if first["status"] != float64(http.StatusConflict) || last["status"] != float64(http.StatusCreated) {
+		t.Fatalf("retry tries %v: want 409 until the TTL, then 201", retry)
+	}
+	if n := keyCharges(t, a, "acme", lab.StoreRedis, "k-stuck"); n != 1 {
+		t.Fatalf("ledger holds %d charges, want 1", n)
+	}
+}
+
+func TestOutboxFailureReports(t *testing.T) {
+	a := labtest.Start(t, fullConfig(t))
+	for _, store := range []string{lab.StoreMemory, lab.StoreRedis, lab.StorePostgres} {
+		rep := labRun(t, a.URL(), store, "key=k-ofail-"+store+"&fault=outbox_fail&attempts=2")
+		if rep["key_after_fault"] != lab.KeyAbsent {
+			t.Errorf("%s: claim after the failed write is %v, want released", store, rep["key_after_fault"])
+		}
+		first := rep["timeline"].([]any)[0].(map[string]any)["tries"].([]any)[0].(map[string]any)
+		if first["status"] != float64(http.StatusServiceUnavailable) || first["code"] != "charge_failed" {
+			t.Errorf("%s: the faulted attempt got %v", store, first)
+		}
+		if rep["charges_applied"] != float64(1) || rep["side_effects_emitted"] != float64(1) {
+			t.Errorf("%s: %v charges, %v effects; want 1 and 1", store, rep["charges_applied"], rep["side_effects_emitted"])
+		}
+	}
+	rep := labRun(t, a.URL(), lab.StoreUnsafe, "key=k-ofail-unsafe&fault=outbox_fail&attempts=2")
+	if rep["charges_applied"] != float64(2) || rep["receipts_missing"] != float64(1) || rep["side_effect_transport"] != "direct" {
+		t.Fatalf("unsafe: %v charges, %v receipts missing", rep["charges_applied"], rep["receipts_missing"])
+	}
+}
+
+func TestMatrixVerdicts(t *testing.T) {
+	a := labtest.Start(t, fullConfig(t))
+	m, err := a.Server().Matrix(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if !c.Available {
+				t.Errorf("%s: store %s unavailable", row.Case.Name, c.Store)
+			}
+		}
+	}
+	if bad := m.Mismatches(); len(bad) > 0 {
+		t.Fatalf("verdicts differ from the lesson:\n%v", bad)
+	}
+	// The brief's table, cell by cell.
+	want := map[string]map[string]string{
+		"retries":            {"unsafe": "breaks", "memory": "holds", "redis": "holds", "postgres": "holds"},
+		"replicas":           {"unsafe": "breaks", "memory": "breaks", "redis": "holds", "postgres": "holds"},
+		"slow_short_ttl":     {"redis": "breaks", "postgres": "holds"},
+		"crash_after_charge": {"memory": "breaks", "redis": "breaks", "postgres": "holds"},
+		"store_restart":      {"memory": "breaks", "redis": "breaks", "postgres": "holds"},
+		"expired":            {"unsafe": "breaks", "memory": "breaks", "redis": "breaks", "postgres": "breaks"},
+		"expired_order_id":   {"postgres": "holds"},
+	}
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if w, ok := want[row.Case.Name][c.Store]; ok && c.Verdict != w {
+				t.Errorf("%s/%s: %s, want %s", row.Case.Name, c.Store, c.Verdict, w)
+			}
+		}
+	}
+	if m.WallMS > 60_000 {
+		t.Errorf("matrix took %.0f ms", m.WallMS)
+	}
+}
