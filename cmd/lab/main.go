@@ -1,6 +1,9 @@
 // Command lab runs the idempotency lab.
 //
 //	lab [serve] [flags]   serve the lab (the default)
+//	lab matrix [flags]    run the breakage matrix and print it
+//	lab proxy [flags]     round-robin front for a cluster of replicas
+//	lab health [-url]     exit 0 when the URL answers 200 (container health check)
 //	lab help              list the subcommands
 package main
 
@@ -30,7 +33,7 @@ func main() {
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "serve"
-	if len(args) > 0 && args[0] != "" && args[0][0] != '-' {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] != "" && args[0][0] != '-') {
 		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
@@ -40,12 +43,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		return m.Run(ctx)
-	case "help":
-		fmt.Fprintln(stdout, "usage: lab [serve] [flags]   (lab serve --help lists every flag and default)")
+	case "matrix":
+		return runMatrix(ctx, args, stdout, stderr)
+	case "proxy":
+		return runProxy(ctx, args, stderr)
+	case "health":
+		return runHealth(ctx, args, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
 		return nil
 	}
 	return fmt.Errorf("unknown command %q (try: lab help)", cmd)
 }
+
+const usage = `usage:
+  lab [serve] [flags]   serve the lab (the default); lab serve --help lists every flag and default
+  lab matrix [flags]    run every store against every scenario and print the table
+                        (-format table|markdown|json; -url to use a running lab)
+  lab proxy [flags]     round-robin, health-checked front for several replicas
+  lab health [-url U]   exit 0 when U answers 200 (container health check)
+`
 
 // shutdownGrace bounds how long in-flight requests may take to finish.
 const shutdownGrace = 10 * time.Second

@@ -32,7 +32,20 @@ func env(name, def string) string {
 
 // ParseFlags reads flags, with environment variables as their defaults.
 func (m *Main) ParseFlags(args []string) error {
-	fs := flag.NewFlagSet("lab serve", flag.ContinueOnError)
+	fs, finish := m.flags("lab serve")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	return finish()
+}
+
+// flags declares the lab's configuration on a new flag set; finish checks
+// and converts the values after parsing.
+func (m *Main) flags(name string) (fs *flag.FlagSet, finish func() error) {
+	fs = flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(m.stderr)
 	c := &m.Config
 	fs.StringVar(&c.Addr, "addr", env("LAB_ADDR", "127.0.0.1:8616"), "listen address (env LAB_ADDR)")
@@ -56,42 +69,41 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&c.RedisPrefix, "redis-prefix", env("LAB_REDIS_PREFIX", "idempotency-lab:"), "prefix of every Redis key the lab writes (env LAB_REDIS_PREFIX)")
 	fs.BoolVar(&c.EmbedRedis, "embedded-redis", env("LAB_EMBEDDED_REDIS", "on") == "on", "without REDIS_URL, start an embedded Redis (miniredis); on or off (env LAB_EMBEDDED_REDIS)")
 	fs.StringVar(&m.LogLevel, "log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %v", fs.Args())
-	}
+	return fs, func() error { return m.finish(*tenants, *faults, *window, *wait, *ttl, *sweep, *peers, *pool) }
+}
+
+func (m *Main) finish(tenants, faults, window, wait, ttl, sweep, peers string, pool int) error {
+	c := &m.Config
 	var err error
-	if c.Tenants, err = parseTenants(*tenants); err != nil {
+	if c.Tenants, err = parseTenants(tenants); err != nil {
 		return err
 	}
-	switch *faults {
+	switch faults {
 	case "on", "true", "1":
 		c.FaultsEnabled = true
 	case "off", "false", "0":
 	default:
-		return fmt.Errorf("-faults must be on or off (got %q)", *faults)
+		return fmt.Errorf("-faults must be on or off (got %q)", faults)
 	}
 	for _, d := range []struct {
 		name string
 		raw  string
 		dst  *time.Duration
-	}{{"dedupe-window", *window, &c.Window}, {"inflight-wait", *wait, &c.InFlightWait}, {"claim-ttl", *ttl, &c.ClaimTTL}, {"sweep-interval", *sweep, &c.SweepInterval}} {
+	}{{"dedupe-window", window, &c.Window}, {"inflight-wait", wait, &c.InFlightWait}, {"claim-ttl", ttl, &c.ClaimTTL}, {"sweep-interval", sweep, &c.SweepInterval}} {
 		v, err := time.ParseDuration(d.raw)
 		if err != nil || v <= 0 {
 			return fmt.Errorf("-%s must be a positive duration such as 2s (got %q)", d.name, d.raw)
 		}
 		*d.dst = v
 	}
-	if *pool < 1 || *pool > 500 {
-		return fmt.Errorf("-pg-pool-size must be in 1..500 (got %d)", *pool)
+	if pool < 1 || pool > 500 {
+		return fmt.Errorf("-pg-pool-size must be in 1..500 (got %d)", pool)
 	}
-	c.PGPoolSize = int32(*pool)
+	c.PGPoolSize = int32(pool)
 	if c.MaxReplicas < 1 || c.MaxReplicas > 8 {
 		return fmt.Errorf("-max-replicas must be in 1..8 (got %d)", c.MaxReplicas)
 	}
-	for p := range strings.SplitSeq(*peers, ",") {
+	for p := range strings.SplitSeq(peers, ",") {
 		if p = strings.TrimSuffix(strings.TrimSpace(p), "/"); p != "" {
 			c.Peers = append(c.Peers, p)
 		}

@@ -131,6 +131,13 @@ type replica struct {
 // Start builds the lab and starts serving on cfg.Addr.
 func Start(ctx context.Context, cfg Config) (*App, error) {
 	cfg.Defaults()
+	if len(cfg.Peers) > 0 && cfg.DatabaseURL == "" {
+		return nil, errors.New("cluster mode (peers) needs a shared ledger: set DATABASE_URL to the PostgreSQL every replica uses; " +
+			"an embedded or in-memory ledger would give each process its own ground truth")
+	}
+	if len(cfg.Peers) > 0 && cfg.RedisURL == "" {
+		cfg.EmbedRedis = false // an embedded Redis per process would not be shared; the redis store needs REDIS_URL
+	}
 	a := &App{cfg: cfg, books: memory.NewBooks(nil), instance: "idempotency-lab-" + uuid.NewString()[:8]}
 	a.unavailable = map[string]string{
 		lab.StoreRedis:    "set REDIS_URL (e.g. redis://127.0.0.1:6379/0), or run lab serve with the embedded Redis (the default)",
@@ -217,8 +224,12 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 	if err != nil {
 		return nil, fmt.Errorf("error listening on %s: %w", addr, err)
 	}
+	self := ln.Addr().(*net.TCPAddr)
+	if self.IP.IsUnspecified() { // listening on every interface: reach ourselves on loopback
+		self = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: self.Port}
+	}
 	r := &replica{
-		name: name, server: srv, stores: stores, url: "http://" + ln.Addr().String(), served: make(chan error, 1),
+		name: name, server: srv, stores: stores, url: "http://" + self.String(), served: make(chan error, 1),
 		http: &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second},
 	}
 	go func() {

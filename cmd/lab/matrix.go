@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/experiment"
+)
+
+// runMatrix runs the breakage matrix on a lab of its own (started with the
+// same configuration as serve, on a free loopback port), or on a running
+// lab with -url, and prints it.
+func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	m := NewMain(stderr)
+	fs, finish := m.flags("lab matrix")
+	format := fs.String("format", "table", "table, markdown or json")
+	remote := fs.String("url", "", "base URL of a running lab to run the matrix on (default: start one here)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := finish(); err != nil {
+		return err
+	}
+	if *format != "table" && *format != "markdown" && *format != "json" {
+		return fmt.Errorf("-format must be table, markdown or json (got %q)", *format)
+	}
+	if *remote != "" {
+		return remoteMatrix(ctx, strings.TrimSuffix(*remote, "/"), *format, stdout)
+	}
+	level := m.LogLevel
+	if level == "info" {
+		level = "warn" // the progress bar is the output here
+	}
+	log, err := newLogger(stderr, level)
+	if err != nil {
+		return err
+	}
+	m.Config.Logger = log
+	m.Config.Addr = "127.0.0.1:0"
+	m.Config.FaultsEnabled = true
+	a, err := app.Start(ctx, m.Config)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		_ = a.Close(sctx)
+	}()
+	mx, err := a.Server().Matrix(ctx, func(done, total int, c experiment.Case, store string) {
+		progress(stderr, done, total, c.Name+" / "+store)
+	})
+	fmt.Fprintln(stderr)
+	if err != nil {
+		return err
+	}
+	switch *format {
+	case "markdown":
+		return mx.WriteMarkdown(stdout)
+	case "json":
+		return mx.WriteJSON(stdout)
+	}
+	return mx.WriteTable(stdout)
+}
+
+// progress draws a one-line bar on stderr.
+func progress(w io.Writer, done, total int, label string) {
+	const width = 30
+	filled := done * width / total
+	fmt.Fprintf(w, "\r[%s%s] %2d/%d %-40.40s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total, label)
+}
+
+func remoteMatrix(ctx context.Context, base, format string, stdout io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/lab/matrix?format="+format, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("error asking %s for the matrix: %w", base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var p struct{ Detail string }
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		return fmt.Errorf("%s answered %d: %s", base, resp.StatusCode, p.Detail)
+	}
+	_, err = io.Copy(stdout, resp.Body)
+	return err
+}
