@@ -3,10 +3,13 @@ package app_test
 import (
 	"fmt"
 	"net/http"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
@@ -116,7 +119,9 @@ func TestOutboxFailureReports(t *testing.T) {
 	}
 }
 
-func TestMatrixVerdicts(t *testing.T) {
+// TestMatrix runs the breakage matrix once and checks its verdicts against
+// the brief's lesson and its markdown against the README's copy.
+func TestMatrix(t *testing.T) {
 	a := labtest.Start(t, fullConfig(t))
 	m, err := a.Server().Matrix(t.Context(), nil)
 	if err != nil {
@@ -151,5 +156,41 @@ func TestMatrixVerdicts(t *testing.T) {
 	}
 	if m.WallMS > 60_000 {
 		t.Errorf("matrix took %.0f ms", m.WallMS)
+	}
+	checkReadmeMatrix(t, m)
+}
+
+// checkReadmeMatrix fails when the README's matrix no longer matches what
+// the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown`).
+func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "<!-- matrix:begin -->\n")
+	documented, _, ok2 := strings.Cut(rest, "<!-- matrix:end -->")
+	if !ok || !ok2 {
+		t.Fatal("README.md lacks the matrix markers")
+	}
+	var produced strings.Builder
+	if err := m.WriteMarkdown(&produced); err != nil {
+		t.Fatal(err)
+	}
+	if produced.String() != documented {
+		t.Fatalf("README's matrix differs from the lab's:\n--- README\n%s--- lab\n%s", documented, produced.String())
+	}
+}
+
+// TestInProcessReplicas gives the same verdicts as three real processes
+// (see cmd/lab's TestThreeProcesses): one charge per replica for memory.
+func TestInProcessReplicas(t *testing.T) {
+	a := labtest.Start(t, fullConfig(t))
+	for store, want := range map[string]int{lab.StoreUnsafe: 9, lab.StoreMemory: 3, lab.StoreRedis: 1, lab.StorePostgres: 1} {
+		key := "k-replicas-" + store
+		rep := labRun(t, a.URL(), store, "replicas=3&attempts=9&key="+key)
+		if n := keyCharges(t, a, "acme", store, key); n != want || rep["replicas"] != float64(3) {
+			t.Errorf("%s: ledger holds %d charges over %v replicas, want %d", store, n, rep["replicas"], want)
+		}
 	}
 }
