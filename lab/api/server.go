@@ -22,6 +22,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/web"
 )
 
 // Config configures one replica's HTTP server.
@@ -243,8 +244,11 @@ func (s *Server) ready(c echo.Context) error {
 	return c.JSON(status, map[string]any{"replica": s.cfg.Replica, "ledger": s.deps.Books.Kind(), "dependencies": deps})
 }
 
-// index lists the routes and the stores.
+// index serves the page to browsers and lists the routes and stores otherwise.
 func (s *Server) index(c echo.Context) error {
+	if accept := c.Request().Header.Get("Accept"); strings.Contains(accept, "text/html") {
+		return c.HTMLBlob(http.StatusOK, web.Page(s.cfg.BasePath))
+	}
 	stores := map[string]any{}
 	for _, name := range lab.StoreNames {
 		if st, ok := s.deps.Stores[name]; ok {

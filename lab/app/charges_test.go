@@ -358,6 +358,13 @@ func TestBasePathAndMetrics(t *testing.T) {
 			t.Errorf("metrics lack %s", series)
 		}
 	}
+	page := labtest.Do(t, http.MethodGet, a.URL()+"/", http.Header{"Accept": {"text/html"}}, "")
+	if page.Status != http.StatusOK || !strings.Contains(string(page.Body), `const BASE = "/16";`) {
+		t.Fatalf("page: %d, base path not set", page.Status)
+	}
+	if _, index := labtest.Get(t, a.URL()+"/"); index["stores"] == nil {
+		t.Fatalf("JSON index: %v", index)
+	}
 	if r := labtest.Do(t, http.MethodGet, strings.TrimSuffix(a.URL(), "/16")+"/health", nil, ""); r.Status != http.StatusNotFound {
 		t.Fatalf("route outside the base path: %d", r.Status)
 	}
