@@ -37,6 +37,16 @@ CREATE INDEX IF NOT EXISTS charges_run ON charges (run_id);
 CREATE INDEX IF NOT EXISTS charges_key ON charges (tenant_id, store, idempotency_key);
 CREATE INDEX IF NOT EXISTS charges_account ON charges (tenant_id, account);
 
+-- Balances, kept in the charge's transaction so a charge costs one row
+-- update instead of a sum over the account's history. Derived from the
+-- ledger: sum(charges.amount_cents) per account always equals it.
+CREATE TABLE IF NOT EXISTS account_balances (
+    tenant_id     text   NOT NULL,
+    account       text   NOT NULL,
+    balance_cents bigint NOT NULL,
+    PRIMARY KEY (tenant_id, account)
+);
+
 -- The transactional outbox: effects recorded with their charge.
 CREATE TABLE IF NOT EXISTS outbox (
     event_id        uuid        PRIMARY KEY,

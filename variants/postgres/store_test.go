@@ -230,3 +230,28 @@ func BenchmarkChargeReplay(b *testing.B) {
 		}
 	}
 }
+
+func TestBalanceTableAgreesWithLedger(t *testing.T) {
+	e := setup(t)
+	s := newStore(e.pool, e.schema)
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			if _, err := s.Charge(context.Background(), attempt("acme", fmt.Sprint("bal-", i), int64(100+i), "")); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	var table, ledger int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT balance_cents FROM account_balances WHERE tenant_id = 'acme' AND account = 'acct-1'`).Scan(&table); err != nil {
+		t.Fatal(err)
+	}
+	ledger, err := e.books.Balance(context.Background(), "acme", "acct-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if table != ledger || ledger != 20*100+190 {
+		t.Fatalf("balances table %d, ledger %d, want %d", table, ledger, 20*100+190)
+	}
+}
