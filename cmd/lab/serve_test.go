@@ -1,0 +1,116 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/postgres/embedded"
+)
+
+// TestZeroConfigServe runs the binary as the README's first command does —
+// no DATABASE_URL, no REDIS_URL — and checks it serves every store from its
+// embedded services, then leaves no process or directory behind on SIGINT.
+func TestZeroConfigServe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts the binary and a PostgreSQL cluster")
+	}
+	if _, err := embedded.Find(); err != nil {
+		if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("PostgreSQL server binaries are required: %v", err)
+		}
+		t.Skipf("PostgreSQL server binaries are not installed: %v", err)
+	}
+	bin := buildLab(t)
+	port := freePorts(t, 1)[0]
+	cmd := exec.Command(bin, "serve", "-addr", fmt.Sprintf("127.0.0.1:%d", port))
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "DATABASE_URL=") && !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "LAB_") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = env
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logs := make(chan string, 256)
+	go func() {
+		s := bufio.NewScanner(stderr)
+		for s.Scan() {
+			logs <- s.Text()
+		}
+		close(logs)
+	}()
+	var logged []string
+	defer func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+		if t.Failed() {
+			t.Logf("logs:\n%s", strings.Join(logged, "\n"))
+		}
+	}()
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	waitHealthy(t, base)
+
+	_, ready := labtest.Get(t, base+"/ready")
+	deps := ready["dependencies"].(map[string]any)
+	if !strings.Contains(fmt.Sprint(deps["postgres"]), "embedded throwaway cluster") || !strings.Contains(fmt.Sprint(deps["redis"]), "embedded") {
+		t.Fatalf("ready: %v", ready)
+	}
+	for _, store := range []string{"memory", "redis", "postgres"} {
+		r := labtest.Charge(t, base, store, labtest.Acme, "zero-config-"+store, `{"account":"acct-1","amount_cents":2500}`)
+		if r.Status != http.StatusCreated {
+			t.Fatalf("%s: %d %s", store, r.Status, r.Body)
+		}
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("exit: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("lab did not stop on SIGINT")
+	}
+	for line := range logs {
+		logged = append(logged, line)
+	}
+	// The cluster's directory and postmaster PID are in the logs.
+	var dir string
+	var pid int
+	for _, line := range logged {
+		if m := regexp.MustCompile(`started embedded PostgreSQL.*dir=(\S+) .*pid=(\d+)`).FindStringSubmatch(line); m != nil {
+			dir = m[1]
+			fmt.Sscan(m[2], &pid)
+		}
+	}
+	if dir == "" || pid == 0 {
+		t.Fatalf("no embedded cluster in the logs")
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("cluster directory %s left behind (%v)", dir, err)
+	}
+	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
+		t.Errorf("postmaster %d still alive (%v)", pid, err)
+	}
+}
