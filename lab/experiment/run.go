@@ -319,6 +319,12 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.Reason = reason(spec, rep)
 	rep.ExpectedVerdict = Expected(spec, rep.Replicas)
 	rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+	if before > 0 && stats.Charges > 0 {
+		// A store that knew the key would have replayed: whoever served this
+		// run did not (another replica's map behind a front, a restart, an
+		// expired window).
+		rep.Explanation = fmt.Sprintf("this key already had %d charge(s) before the run, yet the run charged again: the replica that served it did not know the key (another replica's map, a restart or an expired window)", before)
+	}
 	rep.Note = note(rep)
 	return nil
 }

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
+)
+
+// scriptNeedTools skips the test when a tool the scripts call is missing.
+func scriptNeedTools(t *testing.T, tools ...string) {
+	t.Helper()
+	for _, tool := range tools {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s is not installed: the script needs it", tool)
+		}
+	}
+}
+
+// scriptFreePorts returns n distinct loopback ports that were free a moment ago.
+func scriptFreePorts(t *testing.T, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close() // held until all are picked, so they differ
+		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
+	}
+	return ports
+}
+
+// runScript runs a script under bash with extra environment, bounded by
+// timeout; on expiry it gets SIGTERM (so it stops what it started), then
+// SIGKILL after a grace period. It returns the combined output and the
+// exit code.
+func runScript(t *testing.T, timeout time.Duration, env []string, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Errorf("%s did not finish within %s", args[0], timeout)
+	}
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		return out.String(), 0
+	case errors.As(err, &exit):
+		return out.String(), exit.ExitCode()
+	}
+	t.Fatalf("running %s: %v\n%s", args[0], err, out.String())
+	return "", -1
+}
+
+// scriptPIDs reads the line "cluster pids: 1 2 3 4" the script prints.
+func scriptPIDs(t *testing.T, out string) []int {
+	t.Helper()
+	for line := range strings.Lines(out) {
+		rest, ok := strings.CutPrefix(line, "cluster pids:")
+		if !ok {
+			continue
+		}
+		var pids []int
+		for f := range strings.FieldsSeq(rest) {
+			pid, err := strconv.Atoi(f)
+			if err != nil || pid <= 1 {
+				t.Fatalf("bad pid %q in %q", f, line)
+			}
+			pids = append(pids, pid)
+		}
+		return pids
+	}
+	return nil
+}
+
+// scriptTableRow finds a row of the script's store comparison table:
+// store, attempts, replicas, charges_applied, verdict, explanation.
+func scriptTableRow(out, store string) []string {
+	for line := range strings.Lines(out) {
+		if f := strings.Fields(line); len(f) >= 5 && f[0] == store {
+			return f
+		}
+	}
+	return nil
+}
+
+func TestClusterScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-replica cluster and runs the breakage matrix; not in -short")
+	}
+	scriptNeedTools(t, "bash", "go", "curl", "python3")
+	dbURL, schema := labtest.Postgres(t) // schema dropped (DROP SCHEMA … CASCADE) when the test ends
+	redisURL, prefix := labtest.Redis(t) // keys under prefix deleted when the test ends
+	ports := scriptFreePorts(t, 4)
+	env := []string{
+		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]),
+		fmt.Sprintf("FRONT_PORT=%d", ports[3]),
+		"DATABASE_URL=" + dbURL,
+		"REDIS_URL=" + redisURL,
+		"LAB_PG_SCHEMA=" + schema,
+		"LAB_REDIS_PREFIX=" + prefix,
+		"LAB_ADMIN_TOKEN=", // the cluster's replicas and the reset agree: none
+	}
+	out, code := runScript(t, 3*time.Minute, env, "../../scripts/cluster.sh")
+	t.Logf("cluster.sh output:\n%s", out)
+
+	pids := scriptPIDs(t, out)
+	if len(pids) != 4 {
+		t.Errorf("want 4 pids (3 replicas and the front) on a line 'cluster pids: ...', got %v", pids)
+	}
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("process %d started by the script is still there after it exited (kill -0: %v); killing it", pid, err)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if code != 0 {
+		t.Fatalf("cluster.sh exited %d", code)
+	}
+
+	for _, want := range []struct {
+		store, charges, verdict string
+	}{
+		{"unsafe", "9", "breaks"},
+		{"memory", "3", "breaks"}, // one charge per replica: each has its own map
+		{"redis", "1", "holds"},
+		{"postgres", "1", "holds"},
+	} {
+		row := scriptTableRow(out, want.store)
+		if row == nil {
+			t.Errorf("no %s row in the comparison table", want.store)
+			continue
+		}
+		if got := row[1:5]; got[0] != "9" || got[1] != "3" || got[2] != want.charges || got[3] != want.verdict {
+			t.Errorf("%s: attempts, replicas, charges, verdict = %v; want 9 3 %s %s", want.store, got, want.charges, want.verdict)
+		}
+	}
+	for _, want := range []string{"9 concurrent retries over 3 replicas", "cluster stopped: 4 processes"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+func TestWalkthroughScript(t *testing.T) {
+	scriptNeedTools(t, "bash", "curl", "python3")
+	const steps = "walkthrough passed: 11 steps"
+
+	t.Run("memory", func(t *testing.T) {
+		a := labtest.Start(t, app.Config{}) // memory store and ledger only
+		out, code := runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
+		t.Logf("walkthrough.sh output:\n%s", out)
+		if code != 0 {
+			t.Fatalf("walkthrough.sh exited %d", code)
+		}
+		for _, want := range []string{
+			"ok: charges_applied = 5", "ok: overcharged_cents = 10000", "ok: charges_applied = 1",
+			"ok: duplicates_prevented = 4", "ok: charges_applied = 0", "ok: Idempotent-Replayed: true",
+			"ok: HTTP 422", "ok: code = idempotency_key_missing", "ok: param = amount",
+			"$ curl -sS '" + a.URL() + "/charge-unsafe?attempts=5'", steps,
+		} {
+			if !strings.Contains(out, want) {
+				t.Errorf("output lacks %q", want)
+			}
+		}
+	})
+
+	t.Run("admin token", func(t *testing.T) {
+		const secret = "walkthrough-admin-secret"
+		a := labtest.Start(t, app.Config{AdminToken: secret})
+		out, code := runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
+		if code == 0 || !strings.Contains(out, "set LAB_ADMIN_TOKEN") {
+			t.Errorf("without the token: exit %d, want non-zero and a hint to set LAB_ADMIN_TOKEN:\n%s", code, out)
+		}
+		out, code = runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=" + secret, "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
+		if code != 0 || !strings.Contains(out, steps) {
+			t.Errorf("with the token: exit %d:\n%s", code, out)
+		}
+		if strings.Contains(out, secret) {
+			t.Errorf("the admin token is printed in clear:\n%s", out)
+		}
+		if !strings.Contains(out, `-H "Authorization: Bearer $LAB_ADMIN_TOKEN"`) {
+			t.Errorf("the reset command does not show the token as $LAB_ADMIN_TOKEN:\n%s", out)
+		}
+	})
+
+	t.Run("no lab", func(t *testing.T) {
+		url := fmt.Sprintf("http://127.0.0.1:%d", scriptFreePorts(t, 1)[0])
+		out, code := runScript(t, time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", url)
+		if code == 0 || !strings.Contains(out, "FAILED at step 1") || !strings.Contains(out, "is the lab running?") {
+			t.Errorf("against %s with nothing listening: exit %d, want non-zero and a clear message:\n%s", url, code, out)
+		}
+	})
+}

@@ -1,0 +1,285 @@
+#!/usr/bin/env bash
+# cluster.sh: run a local three-replica lab cluster behind the front, without
+# Docker, and show which stores hold when retries land on different replicas.
+#
+#   scripts/cluster.sh          build, start, compare the stores, print the
+#                               breakage matrix, stop everything
+#   scripts/cluster.sh --keep   the same, then keep the cluster running until
+#                               Ctrl-C (point scripts/walkthrough.sh or curl
+#                               at the front)
+#
+# Environment (defaults in brackets):
+#   CLUSTER_PORTS     the three replicas' loopback ports [8701 8702 8703]
+#                     (space- or comma-separated)
+#   FRONT_PORT        the front's (lab proxy) port [8616]
+#   DATABASE_URL      the shared ledger and postgres store
+#                     [postgres://postgres@127.0.0.1:5432/test?sslmode=disable]
+#   REDIS_URL         the redis store [redis://127.0.0.1:6379/0]
+#   LAB_PG_SCHEMA     the lab's own PostgreSQL schema [idempotency_lab_cluster]
+#   LAB_REDIS_PREFIX  prefix of the lab's Redis keys [idempotency-lab-cluster:]
+#   LAB_ADMIN_TOKEN   sent to /reset-lab when set (and required by the replicas)
+#   CLUSTER_WAIT      seconds to wait for the cluster to answer [60]
+#
+# It touches only its schema and its Redis prefix. Every process it starts is
+# stopped on exit, on error and on Ctrl-C / SIGTERM; their logs are in a temp
+# directory, shown (tail) when something fails.
+set -euo pipefail
+
+usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
+
+keep=0
+for arg in "$@"; do
+	case "$arg" in
+	--keep) keep=1 ;;
+	-h | --help)
+		usage
+		exit 0
+		;;
+	*)
+		echo "cluster.sh: unknown argument $arg (try --help)" >&2
+		exit 2
+		;;
+	esac
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root" # go build ./cmd/lab from the repository root, whatever the caller's cwd
+IFS=', ' read -r -a ports <<<"${CLUSTER_PORTS:-8701 8702 8703}"
+front_port="${FRONT_PORT:-8616}"
+database_url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test?sslmode=disable}"
+redis_url="${REDIS_URL:-redis://127.0.0.1:6379/0}"
+pg_schema="${LAB_PG_SCHEMA:-idempotency_lab_cluster}"
+redis_prefix="${LAB_REDIS_PREFIX:-idempotency-lab-cluster:}"
+admin_token="${LAB_ADMIN_TOKEN:-}"
+wait_seconds="${CLUSTER_WAIT:-60}"
+front="http://127.0.0.1:$front_port"
+
+die() {
+	echo "cluster.sh: $*" >&2
+	exit 1
+}
+
+if [[ ${#ports[@]} -ne 3 ]]; then
+	die "CLUSTER_PORTS must name 3 ports (got '${CLUSTER_PORTS:-}')"
+fi
+for p in "${ports[@]}" "$front_port"; do
+	if ! [[ $p =~ ^[0-9]+$ ]] || ((p < 1 || p > 65535)); then
+		die "invalid port '$p' (CLUSTER_PORTS / FRONT_PORT)"
+	fi
+done
+for tool in go curl python3; do
+	command -v "$tool" >/dev/null || die "$tool is required but not installed"
+done
+
+tmp="$(mktemp -d "${TMPDIR:-/tmp}/lab-cluster.XXXXXX")"
+pids=()    # the lab processes: replicas, then the front
+helpers=() # long foreground commands run in the background so signals act at once
+failed=0   # print the logs' tails on exit
+
+# stop_all terminates every process this script started, waits for them
+# (bounded; SIGKILL after 15 s), removes the temp dir and checks that none
+# of the lab processes is still alive.
+stop_all() {
+	local rc=$? pid alive=() i
+	trap - EXIT
+	trap '' INT TERM # a second Ctrl-C must not cut the (bounded) cleanup short
+	set +e
+	for pid in "${helpers[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+	if ((${#pids[@]} > 0)); then
+		kill -TERM "${pids[@]}" 2>/dev/null
+		for ((i = 0; i < 150; i++)); do
+			alive=()
+			for pid in "${pids[@]}"; do
+				kill -0 "$pid" 2>/dev/null && alive+=("$pid")
+			done
+			((${#alive[@]} == 0)) && break
+			sleep 0.1
+		done
+		if ((${#alive[@]} > 0)); then
+			echo "cluster.sh: processes ${alive[*]} ignored SIGTERM for 15s: sending SIGKILL" >&2
+			kill -KILL "${alive[@]}" 2>/dev/null
+		fi
+	fi
+	for pid in "${helpers[@]}" "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+	if ((stopping && holding)); then
+		rc=0 # Ctrl-C is how --keep ends
+	elif ((!stopping && (rc != 0 || failed))); then
+		((rc == 0)) && rc=1
+		local log
+		for log in "$tmp"/*.log; do
+			[[ -s $log ]] || continue
+			echo "--- last lines of $(basename "$log") ---" >&2
+			tail -n 25 "$log" >&2
+		done
+	fi
+	rm -rf "$tmp"
+	alive=()
+	for pid in "${pids[@]}"; do
+		kill -0 "$pid" 2>/dev/null && alive+=("$pid")
+	done
+	if ((${#alive[@]} > 0)); then
+		echo "cluster.sh: FAILED to stop processes ${alive[*]}" >&2
+		exit 1
+	fi
+	((${#pids[@]} > 0)) && echo "cluster stopped: ${#pids[@]} processes (${pids[*]}) are gone"
+	exit "$rc"
+}
+stopping=0 # set by Ctrl-C / SIGTERM: a requested stop, not a failure
+holding=0  # set while --keep holds the cluster
+trap stop_all EXIT
+trap 'stopping=1; echo; echo "cluster.sh: interrupted, stopping" >&2; exit 130' INT
+trap 'stopping=1; echo "cluster.sh: terminated, stopping" >&2; exit 143' TERM
+
+# bg_wait runs a command in the background and waits for it, so that Ctrl-C
+# or SIGTERM is handled at once instead of after the command ends.
+bg_wait() {
+	local pid rc=0
+	"$@" &
+	pid=$!
+	helpers+=("$pid")
+	wait "$pid" || rc=$?
+	helpers=("${helpers[@]:0:${#helpers[@]}-1}") # this one was pushed last
+	return "$rc"
+}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+for p in "${ports[@]}" "$front_port"; do
+	if port_busy "$p"; then
+		die "port $p is already in use (stop what listens there, or set CLUSTER_PORTS / FRONT_PORT)"
+	fi
+done
+
+echo "building lab into $tmp"
+bg_wait go build -o "$tmp/lab" ./cmd/lab || die "go build failed"
+
+urls=()
+for p in "${ports[@]}"; do urls+=("http://127.0.0.1:$p"); done
+
+for i in 0 1 2; do
+	peers=()
+	for j in 0 1 2; do ((j != i)) && peers+=("${urls[j]}"); done
+	LAB_ADDR="127.0.0.1:${ports[i]}" \
+		LAB_REPLICA="r$((i + 1))" \
+		LAB_PEERS="$(
+			IFS=,
+			echo "${peers[*]}"
+		)" \
+		LAB_BASE_PATH="" \
+		LAB_FAULTS=on \
+		DATABASE_URL="$database_url" \
+		REDIS_URL="$redis_url" \
+		LAB_PG_SCHEMA="$pg_schema" \
+		LAB_REDIS_PREFIX="$redis_prefix" \
+		LAB_EMBEDDED_POSTGRES=off \
+		LAB_EMBEDDED_REDIS=off \
+		"$tmp/lab" serve -pg-pool-size 10 >"$tmp/r$((i + 1)).log" 2>&1 &
+	pids+=("$!")
+done
+LAB_ADDR="127.0.0.1:$front_port" \
+	LAB_PROXY_TARGETS="$(
+		IFS=,
+		echo "${urls[*]}"
+	)" \
+	"$tmp/lab" proxy >"$tmp/front.log" 2>&1 &
+pids+=("$!")
+echo "cluster pids: ${pids[*]}"
+
+# ready reports whether every replica answers /health as itself and the
+# front has all three in its rotation.
+ready() {
+	local i body
+	for i in 0 1 2; do
+		body="$(curl -fsS -m 2 "${urls[i]}/health" 2>/dev/null)" || return 1
+		[[ $body == *"\"replica\":\"r$((i + 1))\""* ]] || return 1
+	done
+	body="$(curl -fsS -m 2 "$front/front/status" 2>/dev/null)" || return 1
+	python3 -c 'import json,sys; r=json.load(sys.stdin).get("replicas") or {}; sys.exit(0 if len(r)==3 and all(r.values()) else 1)' <<<"$body"
+}
+
+deadline=$((SECONDS + wait_seconds))
+until ready; do
+	for i in "${!pids[@]}"; do
+		if ! kill -0 "${pids[i]}" 2>/dev/null; then
+			failed=1
+			die "process ${pids[i]} ($( ((i < 3)) && echo "replica r$((i + 1))" || echo front)) exited during startup"
+		fi
+	done
+	if ((SECONDS >= deadline)); then
+		failed=1
+		die "the cluster did not answer within ${wait_seconds}s"
+	fi
+	sleep 0.2
+done
+echo "cluster ready: replicas ${urls[*]}, front $front (schema $pg_schema, redis prefix $redis_prefix)"
+
+auth=()
+[[ -n $admin_token ]] && auth=(-H "Authorization: Bearer $admin_token")
+# call URL OUT: GET URL, save the body to OUT, fail unless it answered 200.
+call() {
+	local code
+	code="$(curl -sS -m 60 -o "$2" -w '%{http_code}' "${@:3}" "$1")" || {
+		failed=1
+		die "request to $1 failed"
+	}
+	if [[ $code != 200 ]]; then
+		failed=1
+		echo "cluster.sh: $1 answered $code:" >&2
+		cat "$2" >&2
+		echo >&2
+		exit 1
+	fi
+}
+
+call "$front/reset-lab" "$tmp/reset.json" -X POST "${auth[@]}"
+echo "lab reset through the front"
+
+echo
+echo "9 concurrent retries of one charge, spread over 3 replicas, per store:"
+stamp="$(date +%s)-$$"
+stores=(unsafe memory redis postgres)
+for store in "${stores[@]}"; do
+	key="cluster-$store-$stamp"
+	if [[ $store == unsafe ]]; then
+		url="$front/charge-unsafe?key=$key&replicas=3&attempts=9"
+	else
+		url="$front/charge-idempotent?store=$store&key=$key&replicas=3&attempts=9"
+	fi
+	call "$url" "$tmp/run-$store.json"
+done
+python3 - "$tmp" "${stores[@]}" <<'PY'
+import json, os, sys
+
+rows = [("store", "attempts", "replicas", "charges_applied", "verdict", "explanation")]
+for store in sys.argv[2:]:
+    with open(os.path.join(sys.argv[1], f"run-{store}.json")) as f:
+        r = json.load(f)
+    rows.append((store, str(r["attempts"]), str(r["replicas"]), str(r["charges_applied"]),
+                 r["verdict"], r.get("explanation", "")))
+widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+for row in rows:
+    print("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[-1])
+PY
+
+echo
+echo "breakage matrix (every store against every scenario, through the front):"
+bg_wait "$tmp/lab" matrix -url "$front" -format table || {
+	failed=1
+	die "lab matrix failed"
+}
+
+if ((keep)); then
+	echo
+	echo "cluster running (--keep); Ctrl-C stops it"
+	echo "  front:    $front"
+	for i in 0 1 2; do echo "  replica:  r$((i + 1)) ${urls[i]}"; done
+	echo "  try:      scripts/walkthrough.sh $front"
+	echo "  logs:     $tmp/*.log"
+	holding=1
+	set +e
+	wait -n "${pids[@]}"
+	rc=$?
+	set -e
+	holding=0 failed=1
+	die "a cluster process exited on its own (status $rc)"
+fi
