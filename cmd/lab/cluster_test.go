@@ -255,4 +255,3 @@ func retryUntilAnswered(t *testing.T, procs []*process, start int, key string) i
 	t.Errorf("attempt from replica %d never answered", start)
 	return 0
 }
-
