@@ -98,6 +98,15 @@ func New(cfg Config, deps Deps) *Server {
 		}
 	}
 	e.Use(middleware.Recover()) // re-panics http.ErrAbortHandler, which drops the connection
+	// One debug line per request: method, path, status, latency. Never a body.
+	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
+		LogMethod: true, LogURIPath: true, LogStatus: true, LogLatency: true, HandleError: true,
+		LogValuesFunc: func(c echo.Context, v middleware.RequestLoggerValues) error {
+			s.log.LogAttrs(c.Request().Context(), slog.LevelDebug, "request", slog.String("method", v.Method),
+				slog.String("path", v.URIPath), slog.Int("status", v.Status), slog.Duration("latency", v.Latency))
+			return nil
+		},
+	}))
 	g := e.Group(strings.TrimSuffix(cfg.BasePath, "/"))
 	any := []string{http.MethodGet, http.MethodPost}
 	g.POST("/charges", s.postCharge)

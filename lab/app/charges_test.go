@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -17,13 +18,19 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
+// TestMain fails the package when a test leaves a goroutine behind: every
+// lab, replica, relay, sweeper and pool must stop on Close.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// http.DefaultClient keeps idle keep-alive connections between tests.
-		goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreTopFunction("net/http.(*persistConn).writeLoop"),
-		goleak.IgnoreTopFunction("internal/poll.runtime_pollWait"),
-	)
+	code := m.Run()
+	// Idle keep-alive connections of the tests' own client are not the lab's.
+	http.DefaultClient.CloseIdleConnections()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 const body2500 = `{"account":"acct-1","amount_cents":2500,"currency":"USD"}`

@@ -1,13 +1,18 @@
 package app_test
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
@@ -29,8 +34,15 @@ func postWithFault(t *testing.T, base, store, key, fault string) (*http.Response
 }
 
 func TestLostResponseAfterCommitReplays(t *testing.T) {
-	a := labtest.Start(t, storeConfig(t, lab.StorePostgres))
-	_, err := postWithFault(t, a.URL(), lab.StorePostgres, "k-lost", lab.FaultCrashAfterCharge)
+	cfg := storeConfig(t, lab.StorePostgres)
+	schema := cfg.PGSchema
+	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	a := labtest.Start(t, cfg)
+	_, err = postWithFault(t, a.URL(), lab.StorePostgres, "k-lost", lab.FaultCrashAfterCharge)
 	if err == nil || !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "EOF") {
 		t.Fatalf("want a dropped connection, got %v", err)
 	}
@@ -38,20 +50,75 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 		t.Fatalf("ledger after the lost response: %d charges, want 1 (committed)", n)
 	}
 	retry := labtest.Charge(t, a.URL(), lab.StorePostgres, labtest.Acme, "k-lost", body2500)
-	again := labtest.Charge(t, a.URL(), lab.StorePostgres, labtest.Acme, "k-lost", body2500)
-	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" || string(retry.Body) != string(again.Body) {
+	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d replayed=%q %s", retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
+	}
+	// The replay is the response committed with the charge: same id, same bytes.
+	var id string
+	var stored []byte
+	err = pool.QueryRow(context.Background(), `SELECT c.id, r.response_body FROM `+schema+`.charges c
+		JOIN `+schema+`.idempotency_requests r ON r.idempotency_key = c.idempotency_key AND r.tenant_id = c.tenant_id
+		WHERE c.idempotency_key = 'k-lost'`).Scan(&id, &stored)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if retry.JSON(t)["id"] != id || string(retry.Body) != string(stored) {
+		t.Fatalf("replay %s, committed charge %s with response %s", retry.Body, id, stored)
 	}
 	if n := keyCharges(t, a, "acme", lab.StorePostgres, "k-lost"); n != 1 {
 		t.Fatalf("ledger after the retry: %d charges, want 1", n)
 	}
 }
 
-func TestFaultHeaderRefusedWhenDisabled(t *testing.T) {
-	cfg := storeConfig(t, lab.StoreMemory)
-	a := labtest.Start(t, cfg)
-	resp, err := postWithFault(t, a.URL(), lab.StoreMemory, "k-f", "meteor")
+func TestFaultsCanBeSwitchedOff(t *testing.T) {
+	a, err := app.Start(context.Background(), app.Config{Addr: "127.0.0.1:0", FaultsEnabled: false})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close(context.Background())
+	resp, err := postWithFault(t, a.URL(), lab.StoreMemory, "k-f", lab.FaultCrashAfterCharge)
+	if err != nil || resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("fault header with faults off: %v %v", resp, err)
+	}
+	if r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?fault=slow", nil, ""); r.Status != http.StatusForbidden || r.JSON(t)["code"] != "faults_disabled" {
+		t.Fatalf("fault run with faults off: %d %s", r.Status, r.Body)
+	}
+	if n := keyCharges(t, a, "acme", lab.StoreMemory, "k-f"); n != 0 {
+		t.Fatalf("a refused fault charged %d times", n)
+	}
+	resp, err = postWithFault(t, labtest.Start(t, app.Config{}).URL(), lab.StoreMemory, "k-f", "meteor")
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("unknown fault: %v %v", resp, err)
+	}
+}
+
+// TestShutdownFinishesInFlight closes the lab while a slow charge is in
+// flight: the charge completes and its client gets the answer.
+func TestShutdownFinishesInFlight(t *testing.T) {
+	a, err := app.Start(context.Background(), app.Config{Addr: "127.0.0.1:0", FaultsEnabled: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		resp *http.Response
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := postWithFault(t, a.URL(), lab.StoreMemory, "k-shutdown", "slow; work_ms=400")
+		done <- result{resp, err}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := a.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	r := <-done
+	if r.err != nil || r.resp.StatusCode != http.StatusCreated {
+		t.Fatalf("in-flight charge during shutdown: %v %v", r.resp, r.err)
+	}
+	if n := keyCharges(t, a, "acme", lab.StoreMemory, "k-shutdown"); n != 1 {
+		t.Fatalf("ledger holds %d charges, want 1", n)
 	}
 }

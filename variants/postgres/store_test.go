@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
@@ -255,3 +256,23 @@ func TestBalanceTableAgreesWithLedger(t *testing.T) {
 		t.Fatalf("balances table %d, ledger %d, want %d", table, ledger, 20*100+190)
 	}
 }
+
+// TestReplicasMigrateTogether starts several pools on a new schema at once:
+// the advisory lock lets them all apply the schema without a race.
+func TestReplicasMigrateTogether(t *testing.T) {
+	url, schema := labtest.Postgres(t)
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: true})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			pool.Close()
+		})
+	}
+	wg.Wait()
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

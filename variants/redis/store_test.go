@@ -1,0 +1,182 @@
+package redis_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/redis"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// servers are the Redis servers every test runs against: the embedded one
+// always, the real one from REDIS_URL.
+func servers(t *testing.T) map[string]string {
+	t.Helper()
+	e, err := redis.StartEmbedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	url, _ := labtest.Redis(t)
+	return map[string]string{"embedded": e.URL(), "real": url}
+}
+
+func newStore(t *testing.T, url string, books *memory.Books) *redis.Store {
+	t.Helper()
+	opts, err := goredis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := goredis.NewClient(opts)
+	t.Cleanup(func() { client.Close() })
+	s := redis.New(redis.Config{Client: client, Ledger: books, Prefix: "lab-test-" + t.Name() + ":", Wait: 2 * time.Second})
+	t.Cleanup(func() { _ = s.Reset(context.Background()) })
+	return s
+}
+
+func attempt(key string, amount int64, f lab.Faults) lab.Attempt {
+	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD"}
+	return lab.Attempt{
+		Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Fingerprint: req.Fingerprint(), Store: lab.StoreRedis, Faults: f,
+	}
+}
+
+func TestClaimsAndReplays(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			s := newStore(t, url, books)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			fresh := 0
+			for range 20 {
+				wg.Go(func() {
+					out, err := s.Charge(context.Background(), attempt("k", 100, lab.Faults{}))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if !out.Replayed {
+						mu.Lock()
+						fresh++
+						mu.Unlock()
+					}
+				})
+			}
+			wg.Wait()
+			if n, _ := books.KeyCharges(context.Background(), "acme", lab.StoreRedis, "k"); n != 1 || fresh != 1 {
+				t.Fatalf("charges %d, fresh answers %d; want 1 and 1", n, fresh)
+			}
+			if _, err := s.Charge(context.Background(), attempt("k", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
+				t.Fatalf("other amount: %v", err)
+			}
+		})
+	}
+}
+
+// TestTTLsRunInRealTime: the embedded Redis expires keys on the wall clock,
+// so a claim that outlives its TTL is lost exactly as on a real server.
+func TestTTLsRunInRealTime(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			s := newStore(t, url, books)
+			ctx := context.Background()
+			if _, err := s.Charge(ctx, attempt("k-ttl", 100, lab.Faults{Retention: 100 * time.Millisecond})); err != nil {
+				t.Fatal(err)
+			}
+			if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyCompleted {
+				t.Fatalf("state %s right after the charge", st)
+			}
+			time.Sleep(250 * time.Millisecond)
+			if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
+				t.Fatalf("state %s after the TTL, want absent", st)
+			}
+		})
+	}
+}
+
+// TestExpiredClaimIsNotCompleted: a worker whose claim expired mid-work
+// must not overwrite the key: the compare-and-set on its token refuses.
+func TestExpiredClaimIsNotCompleted(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			s := newStore(t, url, books)
+			ctx := context.Background()
+			slow := lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}
+			if _, err := s.Charge(ctx, attempt("k-slow", 100, slow)); err != nil {
+				t.Fatal(err)
+			}
+			if st, _ := s.Lookup(ctx, attempt("k-slow", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
+				t.Fatalf("state %s: the expired claim's owner stored its record", st)
+			}
+		})
+	}
+}
+
+func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			s := newStore(t, url, books)
+			ctx := context.Background()
+			f := lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}
+			if _, err := s.Charge(ctx, attempt("k-crash", 100, f)); !errors.Is(err, lab.ErrCrash) {
+				t.Fatalf("got %v", err)
+			}
+			if st, _ := s.Lookup(ctx, attempt("k-crash", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
+				t.Fatalf("state %s, want the claim left behind", st)
+			}
+			// The bounded wait (2 s) outlasts the TTL: the retry claims and charges once.
+			if out, err := s.Charge(ctx, attempt("k-crash", 100, lab.Faults{})); err != nil || out.Replayed {
+				t.Fatalf("retry: %v", err)
+			}
+			if n, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-crash"); n != 1 {
+				t.Fatalf("charges %d", n)
+			}
+		})
+	}
+}
+
+// TestRestartDeletesOnlyTheLabsKeys: the restart fault never flushes the
+// database.
+func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t, url, memory.NewBooks(nil))
+			opts, _ := goredis.ParseURL(url)
+			other := goredis.NewClient(opts)
+			defer other.Close()
+			ctx := context.Background()
+			foreign := "someone-else:" + t.Name()
+			if err := other.Set(ctx, foreign, "keep me", time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+			defer other.Del(ctx, foreign)
+			if _, err := s.Charge(ctx, attempt("k-restart", 100, lab.Faults{})); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Restart(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if st, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
+				t.Fatalf("lab key survived the restart: %s", st)
+			}
+			if v, err := other.Get(ctx, foreign).Result(); err != nil || v != "keep me" {
+				t.Fatalf("foreign key: %q %v", v, err)
+			}
+		})
+	}
+}
