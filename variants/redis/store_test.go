@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // servers are the Redis servers every test runs against: the embedded one
-// always, the real one from REDIS_URL.
+// always, the real one from REDIS_URL (required under LAB_REQUIRE_SERVICES=1).
 func servers(t *testing.T) map[string]string {
 	t.Helper()
 	e, err := redis.StartEmbedded()
@@ -27,8 +28,13 @@ func servers(t *testing.T) map[string]string {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	url, _ := labtest.Redis(t)
-	return map[string]string{"embedded": e.URL(), "real": url}
+	out := map[string]string{"embedded": e.URL()}
+	if os.Getenv("REDIS_URL") == "" && os.Getenv("LAB_REQUIRE_SERVICES") != "1" {
+		t.Log("REDIS_URL is not set: testing against the embedded Redis only")
+		return out
+	}
+	out["real"], _ = labtest.Redis(t)
+	return out
 }
 
 func newStore(t *testing.T, url string, books *memory.Books) *redis.Store {
