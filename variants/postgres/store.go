@@ -83,7 +83,19 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	if a.Faults.Retention > 0 {
 		retention = a.Faults.Retention
 	}
-	tx, err := s.pool.Begin(ctx)
+	// The whole wait is bounded: for a connection, then for a twin's lock.
+	start := time.Now()
+	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
+	conn, err := s.pool.Acquire(acquireCtx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return out, fmt.Errorf("%w: every PostgreSQL connection of this replica stayed busy for %s", lab.ErrStoreUnavailable, s.wait)
+		}
+		return out, fmt.Errorf("error acquiring connection: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
 	if err != nil {
 		return out, fmt.Errorf("error beginning transaction: %w", err)
 	}
@@ -91,30 +103,18 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	// server would on a dead session.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	// A twin in flight holds the row lock; wait for it, but bounded.
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.wait.Milliseconds())); err != nil {
+	lockWait := max(s.wait-time.Since(start), time.Millisecond)
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockWait.Milliseconds())); err != nil {
 		return out, fmt.Errorf("error setting lock_timeout: %w", err)
 	}
-	sc := a.Scope
-	// Claim: insert, or take over a row whose retention has passed. On a
-	// live row nothing is written; the statement waits for an in-flight
-	// owner to commit or roll back before deciding.
-	var claimed bool
-	err = tx.QueryRow(ctx, `
-		INSERT INTO idempotency_requests AS r (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
-		VALUES ($1, $2, $3, $4, 'in_flight', now(), now() + make_interval(secs => $5))
-		ON CONFLICT (tenant_id, endpoint, idempotency_key) DO UPDATE
-			SET request_fingerprint = EXCLUDED.request_fingerprint, state = 'in_flight', response_status = NULL,
-			    response_body = NULL, resource_id = NULL, created_at = now(), expires_at = EXCLUDED.expires_at
-			WHERE r.expires_at <= now()
-		RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(&claimed)
+	claimed, err := s.claim(ctx, tx, a, retention)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return s.replay(ctx, tx, a)
 	case isLockTimeout(err):
 		return out, &lab.InProgressError{RetryAfter: time.Second}
 	case err != nil:
-		return out, fmt.Errorf("error claiming key: %w", err)
+		return out, err
+	case !claimed:
+		return s.replay(ctx, tx, a)
 	}
 
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
@@ -138,7 +138,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	if _, err := tx.Exec(ctx, `
 		UPDATE idempotency_requests SET state = 'completed', response_status = $4, response_body = $5, resource_id = $6
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
-		sc.Tenant, sc.Endpoint, sc.Key, resp.Status, resp.Body, c.ID); err != nil {
+		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, resp.Status, resp.Body, c.ID); err != nil {
 		return out, fmt.Errorf("error storing response: %w", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -148,6 +148,55 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, lab.ErrCrash // committed; the response is lost on the way
 	}
 	return lab.Outcome{Response: resp}, nil
+}
+
+// claim makes this transaction the key's owner, or reports that a live row
+// exists. The INSERT waits for an owner still in flight (bounded by
+// lock_timeout); a committed row is not locked, so replays never queue
+// behind each other. A row past its retention is taken over by a
+// conditional UPDATE, which re-checks the expiry after any concurrent
+// take-over commits.
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention time.Duration) (bool, error) {
+	sc := a.Scope
+	for try := 0; try < 3; try++ {
+		err := tx.QueryRow(ctx, `
+			INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
+			VALUES ($1, $2, $3, $4, 'in_flight', now(), now() + make_interval(secs => $5))
+			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
+			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(new(bool))
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return false, fmt.Errorf("error claiming key: %w", err)
+		}
+		var expired bool
+		err = tx.QueryRow(ctx, `SELECT expires_at <= now() FROM idempotency_requests
+			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`, sc.Tenant, sc.Endpoint, sc.Key).Scan(&expired)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			continue // swept between the two statements: insert again
+		case err != nil:
+			return false, fmt.Errorf("error reading key: %w", err)
+		case !expired:
+			return false, nil
+		}
+		err = tx.QueryRow(ctx, `
+			UPDATE idempotency_requests
+			SET request_fingerprint = $4, state = 'in_flight', response_status = NULL, response_body = NULL,
+			    resource_id = NULL, created_at = now(), expires_at = now() + make_interval(secs => $5)
+			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND expires_at <= now()
+			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(new(bool))
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.Is(err, pgx.ErrNoRows):
+			return false, nil // someone else took it over first: replay theirs
+		default:
+			return false, fmt.Errorf("error taking over expired key: %w", err)
+		}
+	}
+	return false, &lab.InProgressError{RetryAfter: time.Second}
 }
 
 // replay answers from the committed row: the stored response, or 422.

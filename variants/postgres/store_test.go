@@ -276,3 +276,48 @@ func TestReplicasMigrateTogether(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestReplayDoesNotLockTheKey: replays read the committed row without
+// locking it, so they never queue behind each other (or behind anything
+// else holding the row) and never turn into a spurious 409.
+func TestReplayDoesNotLockTheKey(t *testing.T) {
+	e := setup(t)
+	s := postgres.NewStore(postgres.StoreConfig{Pool: e.pool, Wait: 200 * time.Millisecond})
+	ctx := context.Background()
+	if _, err := s.Charge(ctx, attempt("acme", "hot", 100, "")); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM idempotency_requests WHERE idempotency_key = 'hot' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.Charge(ctx, attempt("acme", "hot", 100, ""))
+	if err != nil || !out.Replayed {
+		t.Fatalf("replay while the row is locked: %v replayed=%v", err, out.Replayed)
+	}
+}
+
+// TestWaitIsBoundedByThePool: when every connection is taken the attempt
+// gives up after the bounded wait instead of queueing without end.
+func TestWaitIsBoundedByThePool(t *testing.T) {
+	url, schema := labtest.Postgres(t)
+	pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: true, Size: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	s := postgres.NewStore(postgres.StoreConfig{Pool: pool, Wait: 200 * time.Millisecond})
+	held, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	_, err = s.Charge(context.Background(), attempt("acme", "starved", 100, ""))
+	if !errors.Is(err, lab.ErrStoreUnavailable) {
+		t.Fatalf("got %v, want store unavailable after the bounded wait", err)
+	}
+}
