@@ -77,13 +77,27 @@ func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Resp
 		return Response{}, err
 	}
 	entry := NewEntry(a, now)
+	// Once started, the ledger write runs to its end even if the client
+	// leaves: an interrupted commit is an outcome nobody knows.
+	ctx = context.WithoutCancel(ctx)
 	c, err := ledger.Apply(ctx, Apply{Entry: entry, Event: NewReceiptEvent(entry), FailOutbox: a.Faults.Has(FaultOutboxFail)})
 	var oc *OrderConflictError
 	switch {
 	case errors.As(err, &oc):
 		return OrderConflictResponse(oc), nil
-	case err != nil:
+	case errors.Is(err, ErrOutboxWrite):
 		return Response{}, fmt.Errorf("error applying charge: %w", err)
+	case err != nil:
+		// The commit may have happened (a connection lost at COMMIT): ask the
+		// ledger before the caller gives the key back.
+		found, ok, lerr := ledger.Charge(ctx, entry.ChargeID)
+		switch {
+		case lerr != nil:
+			return Response{}, fmt.Errorf("%w: %w (and the ledger could not be asked: %w)", ErrOutcomeUnknown, err, lerr)
+		case !ok:
+			return Response{}, fmt.Errorf("error applying charge: %w", err)
+		}
+		c = found
 	}
 	return ChargeResponse(c), nil
 }

@@ -125,6 +125,16 @@ type RunStats struct {
 	DirectSends  int   // effects sent directly to the provider by the run
 }
 
+// KeyTally is what the ledger holds for one key.
+type KeyTally struct {
+	Charges    int
+	Cents      int64 // all of them
+	FirstCents int64 // the first one, the only one that was wanted
+}
+
+// OverchargedCents is what the key's charges after the first cost.
+func (k KeyTally) OverchargedCents() int64 { return k.Cents - k.FirstCents }
+
 // StoreSummary aggregates the ledger per store.
 type StoreSummary struct {
 	Store             string `json:"store"`
@@ -148,11 +158,14 @@ type Ledger interface {
 	// Apply records a charge (and its event) atomically and returns it with
 	// the account balance after it. A duplicate order id yields *OrderConflictError.
 	Apply(ctx context.Context, a Apply) (Charge, error)
+	// Charge reads an applied charge by id, for callers that could not tell
+	// whether their Apply committed.
+	Charge(ctx context.Context, id string) (Charge, bool, error)
 	RunStats(ctx context.Context, run string) (RunStats, error)
 	Summary(ctx context.Context) ([]StoreSummary, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
-	// KeyCharges counts the charges one store made under one tenant's key.
-	KeyCharges(ctx context.Context, tenant, store, key string) (int, error)
+	// KeyCharges tallies the charges one store made under one tenant's key.
+	KeyCharges(ctx context.Context, tenant, store, key string) (KeyTally, error)
 }
 
 // Outbox holds effects recorded with their charge until delivered.
@@ -231,6 +244,9 @@ var (
 	// ErrCrash makes the server drop the connection without a response, as a
 	// crashed process would.
 	ErrCrash = errors.New("injected crash")
+	// ErrOutcomeUnknown means a charge's commit may or may not have happened
+	// and the ledger could not be asked.
+	ErrOutcomeUnknown = errors.New("the charge's outcome is unknown")
 	// ErrOutboxWrite is the injected outbox failure.
 	ErrOutboxWrite = errors.New("injected failure writing the outbox event")
 )

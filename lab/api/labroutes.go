@@ -116,20 +116,26 @@ func (s *Server) parseSpec(c echo.Context, store string) (experiment.Spec, int, 
 	default:
 		return spec, 0, lab.Invalid("scenario", "must be one of retries, reused, tenants (got %q)", spec.Scenario)
 	}
+	fault := q("fault")
+	if fault == "none" {
+		fault = ""
+	}
+	if fault == "" && q("ttl_ms") == "" {
+		return spec, int(replicas), nil // a plain run: no Lab-Fault header at all
+	}
+	if err := s.requireFaults(); err != nil {
+		return spec, 0, err // ttl_ms and faults travel in the Lab-Fault header
+	}
 	ttl, err := lab.ParseRange("ttl_ms", q("ttl_ms"), defaultTTLms, 1, 60_000)
 	if err != nil {
 		return spec, 0, err
 	}
 	spec.Faults.ClaimTTL = time.Duration(ttl) * time.Millisecond
-	fault := q("fault")
-	if fault == "" || fault == "none" {
+	if fault == "" {
 		return spec, int(replicas), nil
 	}
 	if !slices.Contains(lab.FaultNames, fault) {
 		return spec, 0, lab.Invalid("fault", "must be one of %s (got %q)", strings.Join(lab.FaultNames, ", "), fault)
-	}
-	if err := s.requireFaults(); err != nil {
-		return spec, 0, err
 	}
 	spec.Faults.Point = fault
 	switch fault {

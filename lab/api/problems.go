@@ -65,6 +65,9 @@ func toProblem(err error) (*problemError, time.Duration) {
 	case errors.Is(err, lab.ErrOutboxWrite):
 		return problem(http.StatusServiceUnavailable, "charge_failed", "Charge failed",
 			"writing the receipt event failed, so nothing was charged or stored; retrying with the same key is safe"), time.Second
+	case errors.Is(err, lab.ErrOutcomeUnknown):
+		return problem(http.StatusServiceUnavailable, "outcome_unknown", "Outcome unknown",
+			"the charge may or may not have been applied and the ledger cannot be reached; retry with the same key once it answers"), time.Second
 	case errors.Is(err, lab.ErrStoreUnavailable):
 		return problem(http.StatusServiceUnavailable, "store_unavailable", "Store unavailable", err.Error()), time.Second
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -78,7 +81,7 @@ func toProblem(err error) (*problemError, time.Duration) {
 		return problem(he.Code, code, http.StatusText(he.Code), http.StatusText(he.Code)), 0
 	}
 	return problem(http.StatusInternalServerError, "internal_error", "Internal error",
-		"the server failed; the charge, if any, was not stored; retrying with the same key is safe"), 0
+		"the server failed before answering; retry with the same key to learn the outcome"), 0
 }
 
 // writeProblem sends err as application/problem+json.

@@ -350,6 +350,9 @@ func (s *Server) restartStore(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
+	if err := s.requireAdmin(c); err != nil { // it forgets keys, as a reset does
+		return err
+	}
 	st, err := s.pickStore(c.QueryParam("store"))
 	if err != nil {
 		return err

@@ -152,7 +152,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 0}, Timeout: 30 * time.Second}
-	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Tenants: cfg.Tenants}
+	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Tenants: cfg.Tenants, AdminToken: cfg.AdminToken}
 
 	bgCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel

@@ -84,7 +84,7 @@ func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
 	cfg := fullConfig(t)
 	cfg.InFlightWait = 100 * time.Millisecond // shorter than the claim TTL, so the client sees the 409s
 	a := labtest.Start(t, cfg)
-	rep := labRun(t, a.URL(), lab.StoreRedis, "key=k-stuck&fault=crash_after_claim&ttl_ms=600&attempts=2")
+	rep := labRun(t, a.URL(), lab.StoreRedis, "key=k-stuck&fault=crash_after_claim&ttl_ms=1500&attempts=2")
 	if rep["key_after_fault"] != lab.KeyInFlight {
 		t.Fatalf("after the crash the claim is %v, want it stuck in flight", rep["key_after_fault"])
 	}

@@ -88,11 +88,11 @@ func runStats(t *testing.T, a *app.App, run string) lab.RunStats {
 
 func keyCharges(t *testing.T, a *app.App, tenant, store, key string) int {
 	t.Helper()
-	n, err := a.Books().KeyCharges(context.Background(), tenant, store, key)
+	k, err := a.Books().KeyCharges(context.Background(), tenant, store, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return k.Charges
 }
 
 // idempotentStores are the stores under test: memory always, the others
@@ -259,14 +259,14 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 	for _, store := range idempotentStores(t) {
 		t.Run(store, func(t *testing.T) {
 			cfg := storeConfig(t, store)
-			cfg.Window = 300 * time.Millisecond
+			cfg.Window = time.Second // long enough for the replay on a loaded machine
 			a := labtest.Start(t, cfg)
 			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if first.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("first %d, replay %q", first.Status, replay.Header.Get("Idempotent-Replayed"))
 			}
-			time.Sleep(400 * time.Millisecond)
+			time.Sleep(1200 * time.Millisecond)
 			late := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(late.Body, first.Body) {
 				t.Fatalf("after the window: %d replayed=%q", late.Status, late.Header.Get("Idempotent-Replayed"))
@@ -348,6 +348,14 @@ func TestResetNeedsAdminToken(t *testing.T) {
 	if keyCharges(t, a, "acme", lab.StoreMemory, "k") != 0 {
 		t.Fatal("reset kept charges")
 	}
+	// Restarting a store forgets keys too: it needs the token, and runs that
+	// use it send the token themselves.
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/restart-store?store=memory", nil, ""); r.Status != http.StatusUnauthorized {
+		t.Fatalf("restart without token: %d", r.Status)
+	}
+	if _, rep := labtest.Get(t, a.URL()+"/charge-idempotent?fault=store_restart&attempts=3&key=k-admin"); rep["verdict"] != "breaks" || rep["key_charges"] != float64(2) {
+		t.Fatalf("store_restart run with an admin token: %v", rep)
+	}
 }
 
 func TestBasePathAndMetrics(t *testing.T) {
@@ -396,4 +404,30 @@ func TestOutboxIsDelivered(t *testing.T) {
 func ExampleDemoTenants() {
 	fmt.Println(len(app.DemoTenants()))
 	// Output: 2
+}
+
+// TestSummaryCountsOperations: the summary's duplicates are charges beyond
+// the first of one operation; charges without a key are each their own.
+func TestSummaryCountsOperations(t *testing.T) {
+	for _, store := range []string{lab.StoreMemory, lab.StorePostgres} {
+		t.Run(store, func(t *testing.T) {
+			a := labtest.Start(t, storeConfig(t, store))
+			for i, account := range []string{"a", "b", "c"} {
+				body := fmt.Sprintf(`{"account":%q,"amount_cents":%d}`, account, 100*(i+1))
+				if r := labtest.Charge(t, a.URL(), lab.StoreUnsafe, labtest.Acme, "", body); r.Status != http.StatusCreated {
+					t.Fatalf("keyless charge: %d %s", r.Status, r.Body)
+				}
+			}
+			labtest.Get(t, a.URL()+"/charge-unsafe?attempts=3&key=k-sum&amount=700")
+			_, sum := labtest.Get(t, a.URL()+"/diagnostics/summary")
+			stores := sum["stores"].([]any)
+			if len(stores) != 1 {
+				t.Fatalf("summary: %v", sum)
+			}
+			u := stores[0].(map[string]any)
+			if u["charges_applied"] != float64(6) || u["operations"] != float64(4) || u["duplicates_applied"] != float64(2) || u["overcharged_cents"] != float64(1400) {
+				t.Fatalf("unsafe summary: %v", u)
+			}
+		})
+	}
 }

@@ -86,6 +86,13 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 	if n := keyCharges(t, a, "acme", lab.StoreMemory, "k-f"); n != 0 {
 		t.Fatalf("a refused fault charged %d times", n)
 	}
+	// Plain runs do not need faults.
+	if _, rep := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=3&key=k-plain"); rep["verdict"] != "holds" || rep["charges_applied"] != float64(1) {
+		t.Fatalf("plain run with faults off: %v", rep)
+	}
+	if _, rep := labtest.Get(t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain"); rep["verdict"] != "breaks" || rep["charges_applied"] != float64(3) {
+		t.Fatalf("plain unsafe run with faults off: %v", rep)
+	}
 	resp, err = postWithFault(t, labtest.Start(t, app.Config{}).URL(), lab.StoreMemory, "k-f", "meteor")
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("unknown fault: %v %v", resp, err)

@@ -95,6 +95,9 @@ func Expected(spec Spec, replicas int) string {
 // Explain returns the mechanism behind a run's verdict, saying so when the
 // run did not end the way this design usually does.
 func Explain(spec Spec, replicas int, verdict string) string {
+	if verdict == Inconclusive {
+		return "the attempts did not all get an answer a client can act on (see the timeline), so this run says nothing about the store"
+	}
 	m, ok := mechanisms[spec.Store][caseOf(spec, replicas)]
 	if !ok {
 		return ""

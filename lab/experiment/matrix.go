@@ -165,6 +165,8 @@ func (m Matrix) WriteMarkdown(w io.Writer) error {
 				b.WriteString(" n/a |")
 			case c.Verdict == Holds:
 				b.WriteString(" holds |")
+			case c.Verdict == Inconclusive:
+				b.WriteString(" inconclusive |")
 			default:
 				b.WriteString(" **breaks** |")
 			}

@@ -39,10 +39,11 @@ type Spec struct {
 
 // Runner sends runs to real servers and reads their outcome from the books.
 type Runner struct {
-	Client  *http.Client
-	Books   lab.Books
-	Tenants map[string]string // bearer token -> tenant
-	Now     func() time.Time
+	Client     *http.Client
+	Books      lab.Books
+	Tenants    map[string]string // bearer token -> tenant
+	AdminToken string            // for the replicas' /lab/restart-store, when they require one
+	Now        func() time.Time
 }
 
 // Report is one run's row: the ledger's figures, the verdict and why.
@@ -91,6 +92,9 @@ type Report struct {
 const (
 	Holds  = "holds"
 	Breaks = "breaks"
+	// Inconclusive: some attempts got no usable answer, so the ledger's
+	// count cannot be read as the store's doing.
+	Inconclusive = "inconclusive"
 )
 
 // Run executes spec against targets (one base URL per replica; attempts go
@@ -127,13 +131,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 		tenants = append(tenants, other)
 		rep.ExpectedCharges = 2
 	}
-	before := 0
-	for _, t := range tenants {
-		n, err := r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
-		if err != nil {
-			return rep, fmt.Errorf("error reading the ledger: %w", err)
-		}
-		before += n
+	before, err := r.tally(ctx, spec, tenants)
+	if err != nil {
+		return rep, err
 	}
 
 	start := time.Now()
@@ -226,6 +226,9 @@ func (r *Runner) restartStore(ctx context.Context, target, store string) error {
 	if err != nil {
 		return err
 	}
+	if r.AdminToken != "" {
+		req.Header.Set("Authorization", "Bearer "+r.AdminToken)
+	}
 	resp, err := r.Client.Do(req)
 	if err != nil {
 		return fmt.Errorf("error restarting store %s at %s: %w", store, target, err)
@@ -258,29 +261,67 @@ func (r *Runner) keyState(ctx context.Context, target string, spec Spec) (string
 	return body.KeyState, nil
 }
 
+// keyTally is the ledger's view of the run's key, per tenant.
+type keyTally []lab.KeyTally
+
+func (r *Runner) tally(ctx context.Context, spec Spec, tenants []string) (keyTally, error) {
+	out := make(keyTally, len(tenants))
+	for i, t := range tenants {
+		k, err := r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
+		if err != nil {
+			return nil, fmt.Errorf("error reading the ledger: %w", err)
+		}
+		out[i] = k
+	}
+	return out, nil
+}
+
+func (k keyTally) charges() (n int) {
+	for _, t := range k {
+		n += t.Charges
+	}
+	return n
+}
+
+// duplicates counts charges beyond the one each tenant wanted.
+func (k keyTally) duplicates() (n int) {
+	for _, t := range k {
+		n += max(0, t.Charges-1)
+	}
+	return n
+}
+
+func (k keyTally) overcharged() (c int64) {
+	for _, t := range k {
+		c += t.OverchargedCents()
+	}
+	return c
+}
+
+// exactlyOnce reports whether every tenant was charged exactly once.
+func (k keyTally) exactlyOnce() bool {
+	for _, t := range k {
+		if t.Charges != 1 {
+			return false
+		}
+	}
+	return true
+}
+
 // conclude reads the ground truth and writes the verdict.
-func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before int, rep *Report) error {
+func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before keyTally, rep *Report) error {
 	stats, err := r.Books.RunStats(ctx, rep.RunID)
 	if err != nil {
 		return fmt.Errorf("error reading run stats: %w", err)
 	}
-	after := 0
-	for _, t := range tenants {
-		n, err := r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
-		if err != nil {
-			return fmt.Errorf("error reading the ledger: %w", err)
-		}
-		after += n
+	after, err := r.tally(ctx, spec, tenants)
+	if err != nil {
+		return err
 	}
 	rep.ChargesApplied = stats.Charges
-	rep.KeyCharges = after
-	extra := func(n int) int { return max(0, n-rep.ExpectedCharges) }
-	rep.DuplicatesApplied = extra(after) - extra(before)
-	rep.DuplicatesPrevented = max(0, spec.Attempts-stats.Charges)
-	if spec.Store == lab.StoreUnsafe {
-		rep.DuplicatesPrevented = 0
-	}
-	rep.OverchargedCents = int64(rep.DuplicatesApplied) * spec.AmountCents
+	rep.KeyCharges = after.charges()
+	rep.DuplicatesApplied = after.duplicates() - before.duplicates()
+	rep.OverchargedCents = after.overcharged() - before.overcharged()
 	rep.SideEffectsEmitted = stats.OutboxEvents + stats.DirectSends
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
 	if rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); err != nil {
@@ -293,7 +334,8 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered
 
 	var replayLatencies []float64
-	for _, res := range rep.Timeline {
+	var unanswered []string
+	for i, res := range rep.Timeline {
 		f := res.Final()
 		switch {
 		case f.Replayed:
@@ -304,6 +346,14 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		case f.Status == http.StatusConflict && f.Code == "idempotency_in_progress":
 			rep.InProgress++
 		}
+		answered := f.Status == http.StatusCreated || f.Status == http.StatusConflict || f.Status == http.StatusUnprocessableEntity
+		if answered && (f.Status != http.StatusCreated || f.Replayed) {
+			rep.DuplicatesPrevented++ // answered without a charge
+		}
+		// The faulted attempt of a two-phase run is expected to fail.
+		if !answered && !(i == 0 && needsTwoPhases(spec)) {
+			unanswered = append(unanswered, fmt.Sprintf("attempt %d: %s", res.Attempt, describe(f)))
+		}
 		for _, t := range res.Tries {
 			if t.Status == 0 {
 				rep.Dropped++
@@ -312,21 +362,40 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	}
 	rep.LookupOverheadMS = median(replayLatencies)
 
-	rep.Verdict = Holds
-	if after != rep.ExpectedCharges {
-		rep.Verdict = Breaks
-	}
-	rep.Reason = reason(spec, rep)
 	rep.ExpectedVerdict = Expected(spec, rep.Replicas)
-	rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
-	if before > 0 && stats.Charges > 0 {
-		// A store that knew the key would have replayed: whoever served this
-		// run did not (another replica's map behind a front, a restart, an
-		// expired window).
-		rep.Explanation = fmt.Sprintf("this key already had %d charge(s) before the run, yet the run charged again: the replica that served it did not know the key (another replica's map, a restart or an expired window)", before)
+	switch {
+	case len(unanswered) > 0:
+		// Without answers the ledger's count says nothing about the store.
+		rep.Verdict = Inconclusive
+		rep.Reason = fmt.Sprintf("%d attempt(s) got no usable answer (%s); the ledger holds %d charge(s) for this key",
+			len(unanswered), strings.Join(unanswered, "; "), rep.KeyCharges)
+		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+	default:
+		rep.Verdict = Holds
+		if !after.exactlyOnce() {
+			rep.Verdict = Breaks
+		}
+		rep.Reason = reason(spec, rep)
+		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+		if before.charges() > 0 && stats.Charges > 0 {
+			// A store that knew the key would have replayed: whoever served
+			// this run did not (another replica's map behind a front, a
+			// restart, an expired window).
+			rep.Explanation = fmt.Sprintf("this key already had %d charge(s) before the run, yet the run charged again: the replica that served it did not know the key (another replica's map, a restart or an expired window)", before.charges())
+		}
 	}
 	rep.Note = note(rep)
 	return nil
+}
+
+func describe(t Try) string {
+	switch {
+	case t.Status == 0:
+		return "no response (" + t.Error + ")"
+	case t.Code != "":
+		return fmt.Sprintf("%d %s", t.Status, t.Code)
+	}
+	return fmt.Sprint(t.Status)
 }
 
 func reason(spec Spec, rep *Report) string {

@@ -17,8 +17,9 @@ type Books struct {
 	mu       sync.Mutex
 	now      func() time.Time
 	entries  []lab.Entry
-	orders   map[string]string // tenant|order_id -> charge id
-	balances map[string]int64  // tenant|account -> cents
+	charges  map[string]lab.Charge // by id, as answered
+	orders   map[string]string     // tenant|order_id -> charge id
+	balances map[string]int64      // tenant|account -> cents
 	events   []*lab.Event
 	byID     map[string]*lab.Event
 	receipts map[string]*receipt
@@ -42,6 +43,7 @@ func NewBooks(now func() time.Time) *Books {
 
 func (b *Books) clear() {
 	b.entries = nil
+	b.charges = map[string]lab.Charge{}
 	b.orders = map[string]string{}
 	b.balances = map[string]int64{}
 	b.events = nil
@@ -84,10 +86,20 @@ func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 		b.events = append(b.events, &ev)
 		b.byID[ev.ID] = &ev
 	}
-	return lab.Charge{
+	c := lab.Charge{
 		ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency,
 		OrderID: e.OrderID, BalanceCents: b.balances[acct], CreatedAt: e.CreatedAt,
-	}, nil
+	}
+	b.charges[c.ID] = c
+	return c, nil
+}
+
+// Charge reads one applied charge by id.
+func (b *Books) Charge(_ context.Context, id string) (lab.Charge, bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c, ok := b.charges[id]
+	return c, ok, nil
 }
 
 // RunStats counts what one run created.
@@ -130,6 +142,9 @@ func (b *Books) Summary(context.Context) ([]lab.StoreSummary, error) {
 		s.ChargesApplied++
 		s.AmountCents += e.AmountCents
 		k := op{e.Store, e.Tenant, e.Key, e.OrderID}
+		if e.Key == "" { // a charge without a key is its own operation
+			k.key = "charge:" + e.ChargeID
+		}
 		if _, seen := firstAmount[k]; !seen {
 			firstAmount[k] = e.AmountCents
 			s.Operations++
@@ -158,17 +173,21 @@ func (b *Books) Balance(_ context.Context, tenant, account string) (int64, error
 	return b.balances[tenant+"|"+account], nil
 }
 
-// KeyCharges counts the charges one store made under one tenant's key.
-func (b *Books) KeyCharges(_ context.Context, tenant, store, key string) (int, error) {
+// KeyCharges tallies the charges one store made under one tenant's key.
+func (b *Books) KeyCharges(_ context.Context, tenant, store, key string) (lab.KeyTally, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	n := 0
-	for _, e := range b.entries {
+	var k lab.KeyTally
+	for _, e := range b.entries { // in commit order
 		if e.Tenant == tenant && e.Store == store && e.Key == key {
-			n++
+			if k.Charges == 0 {
+				k.FirstCents = e.AmountCents
+			}
+			k.Charges++
+			k.Cents += e.AmountCents
 		}
 	}
-	return n, nil
+	return k, nil
 }
 
 // ClaimDue leases due pending events, oldest first.

@@ -33,6 +33,7 @@ type entry struct {
 	fingerprint string
 	done        chan struct{} // closed when the first request completes or gives up
 	resp        *lab.Response // set before done is closed when completed
+	crashed     bool          // set before done is closed when the replica crashed
 	createdAt   time.Time
 	expiresAt   time.Time
 	heapIndex   int
@@ -83,6 +84,9 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		}
 		select {
 		case <-e.done:
+			if e.crashed {
+				return lab.Outcome{}, lab.ErrCrash // the replica died under this request too
+			}
 			if e.resp != nil {
 				return lab.Outcome{Response: *e.resp, Replayed: true}, nil
 			}
@@ -116,6 +120,8 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 	}
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if err != nil {
+		// Nothing was charged (or, with ErrOutcomeUnknown, the ledger cannot
+		// even be asked, and a retry will fail the same way until it can).
 		s.release(k, e)
 		return lab.Outcome{}, err
 	}
@@ -128,12 +134,15 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 		retention = a.Faults.Retention
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.crashed { // the replica "died" meanwhile: its waiters are gone, done is closed
+		return lab.Outcome{Response: resp}, nil
+	}
 	e.resp = &resp
 	e.expiresAt = s.now().Add(retention)
 	if s.table[k] == e { // not forgotten by a restart meanwhile
 		heap.Push(&s.expiry, e)
 	}
-	s.mu.Unlock()
 	close(e.done)
 	return lab.Outcome{Response: resp}, nil
 }
@@ -142,15 +151,33 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 // a retry may run it again.
 func (s *Store) release(k string, e *entry) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.table[k] == e {
 		delete(s.table, k)
 	}
-	s.mu.Unlock()
-	close(e.done)
+	if !e.crashed {
+		close(e.done)
+	}
 }
 
-// crash loses the table, as the death of this replica's process would.
-func (s *Store) crash() { _ = s.Restart(context.Background()) }
+// crash loses the table, as the death of this replica's process would, and
+// takes down the requests waiting on it: their connections die too.
+func (s *Store) crash() {
+	s.mu.Lock()
+	var inFlight []*entry
+	for _, e := range s.table {
+		if e.resp == nil {
+			e.crashed = true
+			inFlight = append(inFlight, e)
+		}
+	}
+	s.table = map[string]*entry{}
+	s.expiry = nil
+	s.mu.Unlock()
+	for _, e := range inFlight {
+		close(e.done)
+	}
+}
 
 // Restart forgets every key, as a process restart does.
 func (s *Store) Restart(context.Context) error {

@@ -2,6 +2,7 @@ package memory_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -43,8 +44,8 @@ func TestConcurrentClaimsChargeOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if n, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k"); n != 1 || replays.Load() != 63 {
-		t.Fatalf("charges %d, replays %d; want 1 and 63", n, replays.Load())
+	if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k"); k.Charges != 1 || replays.Load() != 63 {
+		t.Fatalf("charges %d, replays %d; want 1 and 63", k.Charges, replays.Load())
 	}
 }
 
@@ -83,8 +84,8 @@ func TestFailedWorkReleasesTheKey(t *testing.T) {
 	if err != nil || out.Replayed {
 		t.Fatalf("retry: %v replayed=%v", err, out.Replayed)
 	}
-	if n, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k-fail"); n != 1 {
-		t.Fatalf("charges %d, want 1", n)
+	if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k-fail"); k.Charges != 1 {
+		t.Fatalf("charges %d, want 1", k.Charges)
 	}
 }
 
@@ -102,4 +103,85 @@ func BenchmarkFreshKeys(b *testing.B) {
 		c.advance(10 * time.Microsecond)
 	}
 	b.ReportMetric(float64(s.Len()), "keys_held")
+}
+
+// TestCrashTakesDownWaiters: twins waiting on a request whose replica
+// crashes die with it (their connections would), instead of sitting out
+// the bounded wait.
+func TestCrashTakesDownWaiters(t *testing.T) {
+	s := memory.New(memory.Config{Ledger: memory.NewBooks(nil), Wait: 5 * time.Second})
+	owner := attempt("k-crash", 100)
+	owner.Faults = lab.Faults{Point: lab.FaultSlow, Work: 200 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Charge(context.Background(), owner)
+		done <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := s.Charge(context.Background(), attempt("k-crash", 100))
+		waiter <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	crasher := attempt("other-key", 100)
+	crasher.Faults = lab.Faults{Point: lab.FaultCrashAfterClaim}
+	if _, err := s.Charge(context.Background(), crasher); err != lab.ErrCrash {
+		t.Fatalf("crasher: %v", err)
+	}
+	select {
+	case err := <-waiter:
+		if err != lab.ErrCrash {
+			t.Fatalf("waiter: %v, want it taken down by the crash", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the waiter sat out its wait")
+	}
+	if err := <-done; err != nil { // the owner finishes; closing done twice would panic
+		t.Fatalf("owner: %v", err)
+	}
+}
+
+// lostCommit commits the charge, then reports a lost connection, as a
+// COMMIT whose acknowledgement never arrived does.
+type lostCommit struct {
+	*memory.Books
+	lookupFails bool
+}
+
+func (l lostCommit) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
+	if _, err := l.Books.Apply(ctx, a); err != nil {
+		return lab.Charge{}, err
+	}
+	return lab.Charge{}, errors.New("conn closed")
+}
+
+func (l lostCommit) Charge(ctx context.Context, id string) (lab.Charge, bool, error) {
+	if l.lookupFails {
+		return lab.Charge{}, false, errors.New("database unreachable")
+	}
+	return l.Books.Charge(ctx, id)
+}
+
+// TestAmbiguousCommitIsNotChargedTwice: when the ledger's answer is lost,
+// the store asks the ledger instead of giving the key back.
+func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
+	books := memory.NewBooks(nil)
+	s := memory.New(memory.Config{Ledger: lostCommit{Books: books}})
+	first, err := s.Charge(context.Background(), attempt("k-lost", 100))
+	if err != nil || first.Response.Status != 201 {
+		t.Fatalf("first: %v %d", err, first.Response.Status)
+	}
+	again, err := s.Charge(context.Background(), attempt("k-lost", 100))
+	if err != nil || !again.Replayed {
+		t.Fatalf("retry: %v replayed=%v", err, again.Replayed)
+	}
+	if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k-lost"); k.Charges != 1 {
+		t.Fatalf("charges %d, want 1", k.Charges)
+	}
+
+	unknown := memory.New(memory.Config{Ledger: lostCommit{Books: memory.NewBooks(nil), lookupFails: true}})
+	if _, err := unknown.Charge(context.Background(), attempt("k-unknown", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
+		t.Fatalf("got %v, want an unknown outcome", err)
+	}
 }

@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -68,6 +69,9 @@ func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 		RETURNING balance_cents`, e.Tenant, e.Account, e.AmountCents).Scan(&balance); err != nil {
 		return lab.Charge{}, fmt.Errorf("error updating balance: %w", err)
 	}
+	if _, err := tx.Exec(ctx, `UPDATE charges SET balance_after_cents = $2 WHERE id = $1`, e.ChargeID, balance); err != nil {
+		return lab.Charge{}, fmt.Errorf("error recording balance: %w", err)
+	}
 	if ev := a.Event; ev != nil {
 		if a.FailOutbox {
 			return lab.Charge{}, lab.ErrOutboxWrite
@@ -83,6 +87,25 @@ func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 		ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency,
 		OrderID: e.OrderID, BalanceCents: balance, CreatedAt: e.CreatedAt,
 	}, nil
+}
+
+// Charge reads one applied charge by id.
+func (b *Books) Charge(ctx context.Context, id string) (lab.Charge, bool, error) {
+	var c lab.Charge
+	var order *string
+	err := b.pool.QueryRow(ctx, `SELECT id, account, amount_cents, currency, order_id, balance_after_cents, created_at FROM charges WHERE id = $1`, id).
+		Scan(&c.ID, &c.Account, &c.AmountCents, &c.Currency, &order, &c.BalanceCents, &c.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, fmt.Errorf("error reading charge %s: %w", id, err)
+	}
+	if order != nil {
+		c.OrderID = *order
+	}
+	c.CreatedAt = c.CreatedAt.UTC()
+	return c, true, nil
 }
 
 // RunStats counts what one run created.
@@ -104,10 +127,11 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 func (b *Books) Summary(ctx context.Context) ([]lab.StoreSummary, error) {
 	rows, err := b.pool.Query(ctx, `
 		WITH ops AS (
-			SELECT DISTINCT ON (store, tenant_id, idempotency_key, coalesce(order_id, ''))
+			-- one operation per (tenant, key, order); a charge without a key is its own operation
+			SELECT DISTINCT ON (store, tenant_id, CASE WHEN idempotency_key = '' THEN id ELSE idempotency_key END, coalesce(order_id, ''))
 			       store, amount_cents
 			FROM charges
-			ORDER BY store, tenant_id, idempotency_key, coalesce(order_id, ''), created_at
+			ORDER BY store, tenant_id, CASE WHEN idempotency_key = '' THEN id ELSE idempotency_key END, coalesce(order_id, ''), created_at
 		)
 		SELECT c.store, count(*), sum(c.amount_cents)::bigint,
 		       (SELECT count(*) FROM ops WHERE ops.store = c.store),
@@ -134,11 +158,15 @@ func (b *Books) Balance(ctx context.Context, tenant, account string) (int64, err
 	return n, err
 }
 
-// KeyCharges counts the charges one store made under one tenant's key.
-func (b *Books) KeyCharges(ctx context.Context, tenant, store, key string) (int, error) {
-	var n int
-	err := b.pool.QueryRow(ctx, `SELECT count(*) FROM charges WHERE tenant_id = $1 AND store = $2 AND idempotency_key = $3`, tenant, store, key).Scan(&n)
-	return n, err
+// KeyCharges tallies the charges one store made under one tenant's key.
+func (b *Books) KeyCharges(ctx context.Context, tenant, store, key string) (lab.KeyTally, error) {
+	var k lab.KeyTally
+	err := b.pool.QueryRow(ctx, `
+		SELECT count(*), coalesce(sum(amount_cents), 0)::bigint,
+		       coalesce((array_agg(amount_cents ORDER BY created_at, id))[1], 0)::bigint
+		FROM charges WHERE tenant_id = $1 AND store = $2 AND idempotency_key = $3`, tenant, store, key).
+		Scan(&k.Charges, &k.Cents, &k.FirstCents)
+	return k, err
 }
 
 const eventColumns = `event_id::text, event_type, charge_id, tenant_id, run_id, payload::text, state, attempts,

@@ -33,6 +33,9 @@ CREATE TABLE IF NOT EXISTS charges (
     -- The permanent domain key: one charge per order, whatever the key's retention.
     CONSTRAINT charges_tenant_order_unique UNIQUE (tenant_id, order_id)
 );
+-- The balance right after the charge, so a charge can be answered again from
+-- the ledger when its commit's outcome was not known to the caller.
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS balance_after_cents bigint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS charges_run ON charges (run_id);
 CREATE INDEX IF NOT EXISTS charges_key ON charges (tenant_id, store, idempotency_key);
 CREATE INDEX IF NOT EXISTS charges_account ON charges (tenant_id, account);

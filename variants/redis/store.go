@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -83,7 +84,9 @@ type record struct {
 // A claim's value names its owner and the request it is for.
 const claimPrefix = "claim|"
 
-func claimValue(token, fingerprint string) string { return claimPrefix + token + "|" + fingerprint }
+func claimValue(token, fingerprint string, now time.Time) string {
+	return claimPrefix + token + "|" + fingerprint + "|" + strconv.FormatInt(now.UnixMilli(), 10)
+}
 
 // decoded is what a key currently holds.
 type decoded struct {
@@ -94,8 +97,13 @@ type decoded struct {
 
 func decode(v string) (decoded, error) {
 	if rest, ok := strings.CutPrefix(v, claimPrefix); ok {
-		_, fp, _ := strings.Cut(rest, "|")
-		return decoded{state: lab.KeyInFlight, fingerprint: fp}, nil
+		parts := strings.SplitN(rest, "|", 3) // token, fingerprint, claimed at (unix ms)
+		d := decoded{state: lab.KeyInFlight}
+		if len(parts) == 3 {
+			ms, _ := strconv.ParseInt(parts[2], 10, 64)
+			d.fingerprint, d.rec.CreatedAt = parts[1], time.UnixMilli(ms).UTC()
+		}
+		return d, nil
 	}
 	var r record
 	if err := json.Unmarshal([]byte(v), &r); err != nil {
@@ -135,7 +143,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	deadline := time.Now().Add(s.wait)
 	backoff := 5 * time.Millisecond
 	for {
-		claim := claimValue(uuid.NewString(), a.Fingerprint)
+		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now())
 		won, err := s.client.SetNX(ctx, k, claim, ttl).Result()
 		if err != nil {
 			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
@@ -180,6 +188,9 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (la
 		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
 	}
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
+	if errors.Is(err, lab.ErrOutcomeUnknown) {
+		return lab.Outcome{}, err // maybe charged: the claim stays until its TTL rather than invite a second charge
+	}
 	if err != nil {
 		// Nothing was charged: give the key back so a retry can run.
 		if rerr := release.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim).Err(); rerr != nil {
@@ -198,7 +209,8 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (la
 	// If the claim expired mid-work the record is not written: the charge
 	// stands, and whoever holds the key now may charge again. That is the
 	// lesson of a lock TTL shorter than the work.
-	if err := complete.Run(ctx, s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
+	// The charge happened: record it even if the client has gone.
+	if err := complete.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
 		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %v", lab.ErrStoreUnavailable, err)
 	}
 	return lab.Outcome{Response: resp}, nil
@@ -255,14 +267,12 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error
 				continue
 			}
 			parts := strings.SplitN(strings.TrimPrefix(keys[i], s.prefix+"idem:"), "|", 3)
-			ks := lab.KeyState{State: d.state, Fingerprint: d.fingerprint}
+			ks := lab.KeyState{State: d.state, Fingerprint: d.fingerprint, CreatedAt: d.rec.CreatedAt, AgeMS: now.Sub(d.rec.CreatedAt).Milliseconds()}
 			if len(parts) == 3 {
 				ks.Tenant, _ = url.QueryUnescape(parts[0])
 				ks.Key, _ = url.QueryUnescape(parts[2])
 			}
-			if d.state == lab.KeyCompleted {
-				ks.Status, ks.CreatedAt, ks.AgeMS = d.rec.Status, d.rec.CreatedAt, now.Sub(d.rec.CreatedAt).Milliseconds()
-			}
+			ks.Status = d.rec.Status
 			out = append(out, ks)
 		}
 		return nil

@@ -81,8 +81,8 @@ func TestClaimsAndReplays(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			if n, _ := books.KeyCharges(context.Background(), "acme", lab.StoreRedis, "k"); n != 1 || fresh != 1 {
-				t.Fatalf("charges %d, fresh answers %d; want 1 and 1", n, fresh)
+			if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreRedis, "k"); k.Charges != 1 || fresh != 1 {
+				t.Fatalf("charges %d, fresh answers %d; want 1 and 1", k.Charges, fresh)
 			}
 			if _, err := s.Charge(context.Background(), attempt("k", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
 				t.Fatalf("other amount: %v", err)
@@ -149,8 +149,8 @@ func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
 			if out, err := s.Charge(ctx, attempt("k-crash", 100, lab.Faults{})); err != nil || out.Replayed {
 				t.Fatalf("retry: %v", err)
 			}
-			if n, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-crash"); n != 1 {
-				t.Fatalf("charges %d", n)
+			if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-crash"); k.Charges != 1 {
+				t.Fatalf("charges %d", k.Charges)
 			}
 		})
 	}

@@ -1,0 +1,43 @@
+package experiment_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/variants/memory"
+)
+
+// TestUnansweredRunIsInconclusive: when the attempts get no usable answer
+// the run claims no verdict, even though the ledger's count (one earlier
+// charge for the key) would read as "holds".
+func TestUnansweredRunIsInconclusive(t *testing.T) {
+	books := memory.NewBooks(nil)
+	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}
+	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: "k"}, Request: req, Store: lab.StoreMemory}
+	if _, err := books.Apply(context.Background(), lab.Apply{Entry: lab.NewEntry(a, time.Now())}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"code":"invalid_parameter"}`))
+	}))
+	defer srv.Close()
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	r := &experiment.Runner{Client: client, Books: books, Tenants: map[string]string{"tok": "acme"}}
+	rep, err := r.Run(context.Background(), experiment.Spec{
+		Store: lab.StoreMemory, Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Token: "tok",
+	}, []string{srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Verdict != experiment.Inconclusive || rep.DuplicatesPrevented != 0 || rep.KeyCharges != 1 {
+		t.Fatalf("verdict %s, prevented %d, key charges %d: %s", rep.Verdict, rep.DuplicatesPrevented, rep.KeyCharges, rep.Reason)
+	}
+}
