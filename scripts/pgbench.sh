@@ -25,19 +25,19 @@ cat >"$work/fresh.sql" <<'SQL'
 \set n random(1, 2000000000)
 BEGIN;
 SET LOCAL lock_timeout = 2000;
-INSERT INTO idempotency_requests AS r (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
+INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
 VALUES ('acme', 'POST /charges', 'pgb-' || :client_id || '-' || :n, 'fingerprint', 'in_flight', now(), now() + make_interval(secs => 86400))
-ON CONFLICT (tenant_id, endpoint, idempotency_key) DO UPDATE
-  SET request_fingerprint = EXCLUDED.request_fingerprint, state = 'in_flight', response_status = NULL,
-      response_body = NULL, resource_id = NULL, created_at = now(), expires_at = EXCLUDED.expires_at
-  WHERE r.expires_at <= now()
+ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING true;
 INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at)
 VALUES ('ch_pgb_' || :client_id || '_' || :n, 'acme', 'acct-1', 2500, 'USD', NULL, 'pgb-' || :client_id || '-' || :n, 'postgres', '', 'pgbench', now())
 ON CONFLICT ON CONSTRAINT charges_tenant_order_unique DO NOTHING;
-INSERT INTO account_balances AS b (tenant_id, account, balance_cents) VALUES ('acme', 'acct-1', 2500)
-ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = b.balance_cents + EXCLUDED.balance_cents
-RETURNING balance_cents;
+WITH b AS (
+  INSERT INTO account_balances AS ab (tenant_id, account, balance_cents) VALUES ('acme', 'acct-1', 2500)
+  ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = ab.balance_cents + EXCLUDED.balance_cents
+  RETURNING balance_cents)
+UPDATE charges SET balance_after_cents = b.balance_cents FROM b WHERE charges.id = 'ch_pgb_' || :client_id || '_' || :n
+RETURNING b.balance_cents;
 INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
 VALUES (gen_random_uuid(), 'payment_receipt_email', 'ch_pgb_' || :client_id || '_' || :n, 'acme', '', '{"amount_cents":2500}'::jsonb, now(), now());
 UPDATE idempotency_requests SET state = 'completed', response_status = 201, response_body = '\x7b7d'::bytea, resource_id = 'ch_pgb_' || :client_id || '_' || :n
@@ -45,18 +45,16 @@ WHERE tenant_id = 'acme' AND endpoint = 'POST /charges' AND idempotency_key = 'p
 COMMIT;
 SQL
 
-# A replay: the claim finds the committed row, then reads it.
+# A replay: the claim finds the committed row without locking it, then reads it.
 cat >"$work/replay.sql" <<'SQL'
 BEGIN;
 SET LOCAL lock_timeout = 2000;
-INSERT INTO idempotency_requests AS r (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
+INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
 VALUES ('acme', 'POST /charges', 'replayed', 'fingerprint', 'in_flight', now(), now() + make_interval(secs => 86400))
-ON CONFLICT (tenant_id, endpoint, idempotency_key) DO UPDATE
-  SET request_fingerprint = EXCLUDED.request_fingerprint, state = 'in_flight'
-  WHERE r.expires_at <= now()
+ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING true;
-SELECT request_fingerprint, state, response_status, response_body FROM idempotency_requests
-WHERE tenant_id = 'acme' AND endpoint = 'POST /charges' AND idempotency_key = 'replayed';
+SELECT request_fingerprint, state, response_status, response_body, expires_at <= now()
+FROM idempotency_requests WHERE tenant_id = 'acme' AND endpoint = 'POST /charges' AND idempotency_key = 'replayed';
 ROLLBACK;
 SQL
 PGOPTIONS="-c search_path=$schema" psql -q "$url" -c "INSERT INTO idempotency_requests VALUES ('acme', 'POST /charges', 'replayed', 'fingerprint', 'completed', 201, '\x7b7d', 'x', now(), now() + interval '1 day')" >/dev/null

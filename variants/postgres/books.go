@@ -62,15 +62,16 @@ func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 		}
 		return lab.Charge{}, &lab.OrderConflictError{OrderID: e.OrderID, ChargeID: existing}
 	}
+	// One statement moves the balance and records it on the charge.
 	var balance int64
 	if err := tx.QueryRow(ctx, `
-		INSERT INTO account_balances AS b (tenant_id, account, balance_cents) VALUES ($1, $2, $3)
-		ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = b.balance_cents + EXCLUDED.balance_cents
-		RETURNING balance_cents`, e.Tenant, e.Account, e.AmountCents).Scan(&balance); err != nil {
+		WITH b AS (
+			INSERT INTO account_balances AS ab (tenant_id, account, balance_cents) VALUES ($1, $2, $3)
+			ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = ab.balance_cents + EXCLUDED.balance_cents
+			RETURNING balance_cents)
+		UPDATE charges SET balance_after_cents = b.balance_cents FROM b WHERE charges.id = $4
+		RETURNING b.balance_cents`, e.Tenant, e.Account, e.AmountCents, e.ChargeID).Scan(&balance); err != nil {
 		return lab.Charge{}, fmt.Errorf("error updating balance: %w", err)
-	}
-	if _, err := tx.Exec(ctx, `UPDATE charges SET balance_after_cents = $2 WHERE id = $1`, e.ChargeID, balance); err != nil {
-		return lab.Charge{}, fmt.Errorf("error recording balance: %w", err)
 	}
 	if ev := a.Event; ev != nil {
 		if a.FailOutbox {

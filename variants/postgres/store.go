@@ -107,14 +107,14 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockWait.Milliseconds())); err != nil {
 		return out, fmt.Errorf("error setting lock_timeout: %w", err)
 	}
-	claimed, err := s.claim(ctx, tx, a, retention)
+	claimed, row, err := s.claim(ctx, tx, a, retention)
 	switch {
 	case isLockTimeout(err):
 		return out, &lab.InProgressError{RetryAfter: time.Second}
 	case err != nil:
 		return out, err
 	case !claimed:
-		return s.replay(ctx, tx, a)
+		return replay(a, row)
 	}
 
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
@@ -150,13 +150,30 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	return lab.Outcome{Response: resp}, nil
 }
 
-// claim makes this transaction the key's owner, or reports that a live row
-// exists. The INSERT waits for an owner still in flight (bounded by
+// keyRow is a committed key as a loser reads it.
+type keyRow struct {
+	fingerprint, state string
+	status             *int
+	body               []byte
+	expired            bool
+}
+
+func readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope) (keyRow, error) {
+	var k keyRow
+	err := tx.QueryRow(ctx, `
+		SELECT request_fingerprint, state, response_status, response_body, expires_at <= now()
+		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		sc.Tenant, sc.Endpoint, sc.Key).Scan(&k.fingerprint, &k.state, &k.status, &k.body, &k.expired)
+	return k, err
+}
+
+// claim makes this transaction the key's owner, or returns the live row
+// that stops it. The INSERT waits for an owner still in flight (bounded by
 // lock_timeout); a committed row is not locked, so replays never queue
 // behind each other. A row past its retention is taken over by a
 // conditional UPDATE, which re-checks the expiry after any concurrent
 // take-over commits.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention time.Duration) (bool, error) {
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention time.Duration) (bool, keyRow, error) {
 	sc := a.Scope
 	for try := 0; try < 3; try++ {
 		err := tx.QueryRow(ctx, `
@@ -165,21 +182,19 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention t
 			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(new(bool))
 		if err == nil {
-			return true, nil
+			return true, keyRow{}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return false, fmt.Errorf("error claiming key: %w", err)
+			return false, keyRow{}, fmt.Errorf("error claiming key: %w", err)
 		}
-		var expired bool
-		err = tx.QueryRow(ctx, `SELECT expires_at <= now() FROM idempotency_requests
-			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`, sc.Tenant, sc.Endpoint, sc.Key).Scan(&expired)
+		row, err := readKey(ctx, tx, sc)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // swept between the two statements: insert again
 		case err != nil:
-			return false, fmt.Errorf("error reading key: %w", err)
-		case !expired:
-			return false, nil
+			return false, row, fmt.Errorf("error reading key: %w", err)
+		case !row.expired:
+			return false, row, nil
 		}
 		err = tx.QueryRow(ctx, `
 			UPDATE idempotency_requests
@@ -189,39 +204,29 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention t
 			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(new(bool))
 		switch {
 		case err == nil:
-			return true, nil
-		case errors.Is(err, pgx.ErrNoRows):
-			return false, nil // someone else took it over first: replay theirs
-		default:
-			return false, fmt.Errorf("error taking over expired key: %w", err)
+			return true, keyRow{}, nil
+		case !errors.Is(err, pgx.ErrNoRows):
+			return false, row, fmt.Errorf("error taking over expired key: %w", err)
+		}
+		// Someone else took it over first: answer from theirs.
+		if row, err = readKey(ctx, tx, sc); err == nil {
+			return false, row, nil
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			return false, row, fmt.Errorf("error reading key: %w", err)
 		}
 	}
-	return false, &lab.InProgressError{RetryAfter: time.Second}
+	return false, keyRow{}, &lab.InProgressError{RetryAfter: time.Second}
 }
 
 // replay answers from the committed row: the stored response, or 422.
-func (s *Store) replay(ctx context.Context, tx pgx.Tx, a lab.Attempt) (lab.Outcome, error) {
-	var (
-		fingerprint, state string
-		status             *int
-		body               []byte
-	)
-	err := tx.QueryRow(ctx, `
-		SELECT request_fingerprint, state, response_status, response_body FROM idempotency_requests
-		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
-		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key).Scan(&fingerprint, &state, &status, &body)
+func replay(a lab.Attempt, k keyRow) (lab.Outcome, error) {
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Expired and swept between the two statements: a new operation.
-		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
-	case err != nil:
-		return lab.Outcome{}, fmt.Errorf("error reading key: %w", err)
-	case fingerprint != a.Fingerprint:
+	case k.fingerprint != a.Fingerprint:
 		return lab.Outcome{}, lab.ErrKeyReused
-	case state != lab.KeyCompleted || status == nil:
+	case k.state != lab.KeyCompleted || k.status == nil:
 		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 	}
-	return lab.Outcome{Response: lab.Response{Status: *status, Body: body}, Replayed: true}, nil
+	return lab.Outcome{Response: lab.Response{Status: *k.status, Body: k.body}, Replayed: true}, nil
 }
 
 func isLockTimeout(err error) bool {
