@@ -13,8 +13,12 @@ import (
 
 // NewEntry builds the ledger entry an attempt produces.
 func NewEntry(a Attempt, now time.Time) Entry {
+	id := a.ChargeID
+	if id == "" {
+		id = NewChargeID()
+	}
 	return Entry{
-		ChargeID:    "ch_" + uuid.NewString(),
+		ChargeID:    id,
 		Tenant:      a.Scope.Tenant,
 		Account:     a.Request.Account,
 		AmountCents: a.Request.AmountCents,
@@ -27,6 +31,9 @@ func NewEntry(a Attempt, now time.Time) Entry {
 		CreatedAt:   now.UTC(),
 	}
 }
+
+// NewChargeID returns a fresh charge id.
+func NewChargeID() string { return "ch_" + uuid.NewString() }
 
 // NewReceiptEvent builds the receipt effect of a charge.
 func NewReceiptEvent(e Entry) *Event {
@@ -68,10 +75,15 @@ func OrderConflictResponse(oc *OrderConflictError) Response {
 	return Response{Status: http.StatusConflict, Body: body}
 }
 
+// ledgerTimeout bounds one ledger write, which must not hang a request (or
+// shutdown) on a database that stopped answering.
+const ledgerTimeout = 10 * time.Second
+
 // Perform is the work every store except postgres runs once it decided the
 // attempt is first: charge the ledger (and record the event in the outbox,
 // atomically) with the injected faults on the way. It returns the response
-// to store, or an error when nothing was charged.
+// to store, or an error: ErrOutcomeUnknown when the charge may have been
+// applied, any other error when it was not.
 func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Response, error) {
 	if err := a.Faults.Pause(ctx.Done()); err != nil {
 		return Response{}, err
@@ -79,25 +91,30 @@ func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Resp
 	entry := NewEntry(a, now)
 	// Once started, the ledger write runs to its end even if the client
 	// leaves: an interrupted commit is an outcome nobody knows.
-	ctx = context.WithoutCancel(ctx)
-	c, err := ledger.Apply(ctx, Apply{Entry: entry, Event: NewReceiptEvent(entry), FailOutbox: a.Faults.Has(FaultOutboxFail)})
-	var oc *OrderConflictError
-	switch {
-	case errors.As(err, &oc):
-		return OrderConflictResponse(oc), nil
-	case errors.Is(err, ErrOutboxWrite):
-		return Response{}, fmt.Errorf("error applying charge: %w", err)
-	case err != nil:
-		// The commit may have happened (a connection lost at COMMIT): ask the
-		// ledger before the caller gives the key back.
-		found, ok, lerr := ledger.Charge(ctx, entry.ChargeID)
-		switch {
-		case lerr != nil:
-			return Response{}, fmt.Errorf("%w: %w (and the ledger could not be asked: %w)", ErrOutcomeUnknown, err, lerr)
-		case !ok:
-			return Response{}, fmt.Errorf("error applying charge: %w", err)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerTimeout)
+	defer cancel()
+	apply := Apply{Entry: entry, Event: NewReceiptEvent(entry), FailOutbox: a.Faults.Has(FaultOutboxFail)}
+	var (
+		c   Charge
+		err error
+	)
+	// A failure may hide a commit whose answer was lost. Applying the same
+	// charge id again is safe (the ledger returns the recorded charge), so
+	// retry a little before giving up on knowing.
+	for try := range 3 {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 50 * time.Millisecond)
 		}
-		c = found
+		c, err = ledger.Apply(ctx, apply)
+		var oc *OrderConflictError
+		switch {
+		case err == nil:
+			return ChargeResponse(c), nil
+		case errors.As(err, &oc):
+			return OrderConflictResponse(oc), nil
+		case errors.Is(err, ErrOutboxWrite):
+			return Response{}, fmt.Errorf("error applying charge: %w", err) // rolled back: nothing was charged
+		}
 	}
-	return ChargeResponse(c), nil
+	return Response{}, fmt.Errorf("%w: charge %s: %w", ErrOutcomeUnknown, entry.ChargeID, err)
 }

@@ -42,6 +42,10 @@ type Attempt struct {
 	Replica     string // replica that served it
 	Store       string
 	Faults      Faults
+	// ChargeID names the charge this attempt may apply. A store that claimed
+	// the key fixes it, so a retry of an unknown outcome reuses it and the
+	// ledger's primary key stops a second charge.
+	ChargeID string
 }
 
 // Response is what the server answers; completed responses are stored and
@@ -156,11 +160,10 @@ type OutboxStats struct {
 // Ledger is the system of record: every applied charge is one entry.
 type Ledger interface {
 	// Apply records a charge (and its event) atomically and returns it with
-	// the account balance after it. A duplicate order id yields *OrderConflictError.
+	// the account balance after it. It is idempotent by charge id: an entry
+	// already in the ledger is returned as recorded, not applied again. A
+	// duplicate order id yields *OrderConflictError.
 	Apply(ctx context.Context, a Apply) (Charge, error)
-	// Charge reads an applied charge by id, for callers that could not tell
-	// whether their Apply committed.
-	Charge(ctx context.Context, id string) (Charge, bool, error)
 	RunStats(ctx context.Context, run string) (RunStats, error)
 	Summary(ctx context.Context) ([]StoreSummary, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
@@ -245,7 +248,8 @@ var (
 	// crashed process would.
 	ErrCrash = errors.New("injected crash")
 	// ErrOutcomeUnknown means a charge's commit may or may not have happened
-	// and the ledger could not be asked.
+	// and the ledger could not be asked; a retry with the same charge id
+	// settles it.
 	ErrOutcomeUnknown = errors.New("the charge's outcome is unknown")
 	// ErrOutboxWrite is the injected outbox failure.
 	ErrOutboxWrite = errors.New("injected failure writing the outbox event")

@@ -5,10 +5,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/variants/postgres"
 )
@@ -165,4 +168,21 @@ func Redis(tb testing.TB) (url, prefix string) {
 		}
 	})
 	return url, prefix
+}
+
+// LostCommit is a ledger whose Apply commits, then reports a lost
+// connection for its first Failures calls, as a COMMIT whose
+// acknowledgement never arrived.
+type LostCommit struct {
+	lab.Ledger
+	Failures *atomic.Int32
+}
+
+// Apply commits, then maybe pretends the answer was lost.
+func (l LostCommit) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
+	c, err := l.Ledger.Apply(ctx, a)
+	if err != nil || l.Failures.Add(-1) < 0 {
+		return c, err
+	}
+	return lab.Charge{}, errors.New("conn closed")
 }

@@ -67,6 +67,9 @@ func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := a.Entry
+	if c, ok := b.charges[e.ChargeID]; ok {
+		return c, nil // already applied: idempotent by charge id
+	}
 	if e.OrderID != "" {
 		if id, ok := b.orders[e.Tenant+"|"+e.OrderID]; ok {
 			return lab.Charge{}, &lab.OrderConflictError{OrderID: e.OrderID, ChargeID: id}
@@ -92,14 +95,6 @@ func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 	}
 	b.charges[c.ID] = c
 	return c, nil
-}
-
-// Charge reads one applied charge by id.
-func (b *Books) Charge(_ context.Context, id string) (lab.Charge, bool, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	c, ok := b.charges[id]
-	return c, ok, nil
 }
 
 // RunStats counts what one run created.

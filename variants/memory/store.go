@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"container/heap"
 	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -34,6 +35,8 @@ type entry struct {
 	done        chan struct{} // closed when the first request completes or gives up
 	resp        *lab.Response // set before done is closed when completed
 	crashed     bool          // set before done is closed when the replica crashed
+	unknown     bool          // set before done is closed when the charge's outcome is unknown
+	chargeID    string        // the charge this key may apply; kept across an unknown outcome
 	createdAt   time.Time
 	expiresAt   time.Time
 	heapIndex   int
@@ -99,16 +102,24 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 }
 
-// claim returns the live entry for k, creating it (claimed=true) when absent or expired.
+// claim returns the live entry for k, creating it (claimed=true) when absent
+// or expired, or taking over one whose outcome is unknown with its charge id.
 func (s *Store) claim(k string, a lab.Attempt) (*entry, bool) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.evictLocked(now, 2) // amortised eviction keeps the table bounded without a sweeper
-	if e, ok := s.table[k]; ok && (e.resp == nil || now.Before(e.expiresAt)) {
-		return e, false
+	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, heapIndex: -1, chargeID: lab.NewChargeID()}
+	if old, ok := s.table[k]; ok {
+		switch {
+		case old.unknown && old.fingerprint == a.Fingerprint:
+			// Retry the same charge: if the lost commit landed, the ledger
+			// returns it instead of charging again.
+			e.chargeID, e.createdAt = old.chargeID, old.createdAt
+		case old.resp == nil || now.Before(old.expiresAt):
+			return old, false
+		}
 	}
-	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, heapIndex: -1}
 	s.table[k] = e
 	return e, true
 }
@@ -118,11 +129,14 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 		s.crash()
 		return lab.Outcome{}, lab.ErrCrash
 	}
+	a.ChargeID = e.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
+	if errors.Is(err, lab.ErrOutcomeUnknown) {
+		s.settleLater(e) // maybe charged: keep the key and its charge id
+		return lab.Outcome{}, err
+	}
 	if err != nil {
-		// Nothing was charged (or, with ErrOutcomeUnknown, the ledger cannot
-		// even be asked, and a retry will fail the same way until it can).
-		s.release(k, e)
+		s.release(k, e) // nothing was charged
 		return lab.Outcome{}, err
 	}
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
@@ -135,8 +149,8 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e.crashed { // the replica "died" meanwhile: its waiters are gone, done is closed
-		return lab.Outcome{Response: resp}, nil
+	if e.crashed { // the replica "died" meanwhile: this request dies with it
+		return lab.Outcome{}, lab.ErrCrash
 	}
 	e.resp = &resp
 	e.expiresAt = s.now().Add(retention)
@@ -160,13 +174,24 @@ func (s *Store) release(k string, e *entry) {
 	}
 }
 
+// settleLater keeps an entry whose charge may have been applied: the next
+// attempt with the same request retries the same charge id.
+func (s *Store) settleLater(e *entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !e.crashed {
+		e.unknown = true
+		close(e.done)
+	}
+}
+
 // crash loses the table, as the death of this replica's process would, and
 // takes down the requests waiting on it: their connections die too.
 func (s *Store) crash() {
 	s.mu.Lock()
 	var inFlight []*entry
 	for _, e := range s.table {
-		if e.resp == nil {
+		if e.resp == nil && !e.unknown {
 			e.crashed = true
 			inFlight = append(inFlight, e)
 		}

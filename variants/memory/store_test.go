@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 )
 
@@ -137,51 +138,47 @@ func TestCrashTakesDownWaiters(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("the waiter sat out its wait")
 	}
-	if err := <-done; err != nil { // the owner finishes; closing done twice would panic
+	if err := <-done; err != lab.ErrCrash { // the owner dies with its replica (closing done twice would panic)
 		t.Fatalf("owner: %v", err)
 	}
 }
 
-// lostCommit commits the charge, then reports a lost connection, as a
-// COMMIT whose acknowledgement never arrived does.
-type lostCommit struct {
-	*memory.Books
-	lookupFails bool
-}
-
-func (l lostCommit) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
-	if _, err := l.Books.Apply(ctx, a); err != nil {
-		return lab.Charge{}, err
-	}
-	return lab.Charge{}, errors.New("conn closed")
-}
-
-func (l lostCommit) Charge(ctx context.Context, id string) (lab.Charge, bool, error) {
-	if l.lookupFails {
-		return lab.Charge{}, false, errors.New("database unreachable")
-	}
-	return l.Books.Charge(ctx, id)
-}
-
 // TestAmbiguousCommitIsNotChargedTwice: when the ledger's answer is lost,
-// the store asks the ledger instead of giving the key back.
+// the store retries the same charge id, which the ledger answers with the
+// recorded charge instead of charging again — within the request, or on
+// the client's retry when the ledger stays silent longer.
 func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
-	books := memory.NewBooks(nil)
-	s := memory.New(memory.Config{Ledger: lostCommit{Books: books}})
-	first, err := s.Charge(context.Background(), attempt("k-lost", 100))
-	if err != nil || first.Response.Status != 201 {
-		t.Fatalf("first: %v %d", err, first.Response.Status)
-	}
-	again, err := s.Charge(context.Background(), attempt("k-lost", 100))
-	if err != nil || !again.Replayed {
-		t.Fatalf("retry: %v replayed=%v", err, again.Replayed)
-	}
-	if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k-lost"); k.Charges != 1 {
-		t.Fatalf("charges %d, want 1", k.Charges)
-	}
-
-	unknown := memory.New(memory.Config{Ledger: lostCommit{Books: memory.NewBooks(nil), lookupFails: true}})
-	if _, err := unknown.Charge(context.Background(), attempt("k-unknown", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
-		t.Fatalf("got %v, want an unknown outcome", err)
+	for _, tc := range []struct {
+		name     string
+		failures int32
+	}{{"SettledWithinTheRequest", 1}, {"SettledOnTheClientsRetry", 3}} {
+		t.Run(tc.name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			failures := new(atomic.Int32)
+			failures.Store(tc.failures)
+			s := memory.New(memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
+			ctx := context.Background()
+			first, err := s.Charge(ctx, attempt("k-lost", 100))
+			if tc.failures >= 3 {
+				if !errors.Is(err, lab.ErrOutcomeUnknown) {
+					t.Fatalf("first: %v, want an unknown outcome", err)
+				}
+				if _, err := s.Charge(ctx, attempt("k-lost", 999)); !errors.Is(err, lab.ErrKeyReused) {
+					t.Fatalf("another request on the unsettled key: %v", err)
+				}
+				if first, err = s.Charge(ctx, attempt("k-lost", 100)); err != nil || first.Replayed {
+					t.Fatalf("client's retry: %v replayed=%v", err, first.Replayed)
+				}
+			} else if err != nil || first.Response.Status != 201 {
+				t.Fatalf("first: %v %d", err, first.Response.Status)
+			}
+			again, err := s.Charge(ctx, attempt("k-lost", 100))
+			if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) {
+				t.Fatalf("replay: %v replayed=%v", err, again.Replayed)
+			}
+			if k, _ := books.KeyCharges(ctx, "acme", lab.StoreMemory, "k-lost"); k.Charges != 1 {
+				t.Fatalf("charges %d, want 1", k.Charges)
+			}
+		})
 	}
 }

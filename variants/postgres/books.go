@@ -30,7 +30,9 @@ func (b *Books) Ping(ctx context.Context) error { return b.pool.Ping(ctx) }
 // Apply records the charge and its event in one transaction, or nothing.
 func (b *Books) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
 	var c lab.Charge
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+	// READ COMMITTED whatever the server's default: a waiting INSERT … ON
+	// CONFLICT must see the row its twin committed.
+	err := pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
 		c, err = applyTx(ctx, tx, a)
 		return err
@@ -45,17 +47,21 @@ func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 	if e.OrderID != "" {
 		order = &e.OrderID
 	}
-	// ON CONFLICT on the order constraint keeps the transaction usable, so a
+	// ON CONFLICT keeps the transaction usable: the same charge id is the
+	// same charge (a retry of a commit whose answer was lost), and a
 	// duplicate order becomes a stored business outcome, not an abort.
 	tag, err := tx.Exec(ctx, `
 		INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-		ON CONFLICT ON CONSTRAINT charges_tenant_order_unique DO NOTHING`,
+		ON CONFLICT DO NOTHING`,
 		e.ChargeID, e.Tenant, e.Account, e.AmountCents, e.Currency, order, e.Key, e.Store, e.Run, e.Replica, e.CreatedAt)
 	if err != nil {
 		return lab.Charge{}, fmt.Errorf("error inserting charge: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
+		if c, ok, err := chargeByID(ctx, tx, e.ChargeID); err != nil || ok {
+			return c, err
+		}
 		var existing string
 		if err := tx.QueryRow(ctx, `SELECT id FROM charges WHERE tenant_id = $1 AND order_id = $2`, e.Tenant, e.OrderID).Scan(&existing); err != nil {
 			return lab.Charge{}, fmt.Errorf("error reading the charge of order %q: %w", e.OrderID, err)
@@ -90,11 +96,11 @@ func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 	}, nil
 }
 
-// Charge reads one applied charge by id.
-func (b *Books) Charge(ctx context.Context, id string) (lab.Charge, bool, error) {
+// chargeByID reads one applied charge.
+func chargeByID(ctx context.Context, tx pgx.Tx, id string) (lab.Charge, bool, error) {
 	var c lab.Charge
 	var order *string
-	err := b.pool.QueryRow(ctx, `SELECT id, account, amount_cents, currency, order_id, balance_after_cents, created_at FROM charges WHERE id = $1`, id).
+	err := tx.QueryRow(ctx, `SELECT id, account, amount_cents, currency, order_id, balance_after_cents, created_at FROM charges WHERE id = $1`, id).
 		Scan(&c.ID, &c.Account, &c.AmountCents, &c.Currency, &order, &c.BalanceCents, &c.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c, false, nil

@@ -95,7 +95,9 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, fmt.Errorf("error acquiring connection: %w", err)
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(ctx)
+	// READ COMMITTED whatever the server's default: after waiting for a twin,
+	// the claim must see the row the twin committed.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
 		return out, fmt.Errorf("error beginning transaction: %w", err)
 	}
@@ -130,6 +132,10 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	switch {
 	case errors.As(err, &oc):
 		resp = lab.OrderConflictResponse(oc) // a deterministic business outcome: stored and replayed
+	case isLockTimeout(err):
+		// A hot account row outlasted the bounded wait: the transaction rolls
+		// back, nothing is stored, and the client may retry.
+		return out, fmt.Errorf("%w: the account's balance stayed locked for %s", lab.ErrStoreUnavailable, s.wait)
 	case err != nil:
 		return out, err
 	default:

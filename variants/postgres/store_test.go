@@ -321,3 +321,22 @@ func TestWaitIsBoundedByThePool(t *testing.T) {
 		t.Fatalf("got %v, want store unavailable after the bounded wait", err)
 	}
 }
+
+// TestApplyIsIdempotentByChargeID: applying the same charge twice (a retry
+// after a lost COMMIT answer) returns the recorded charge and adds nothing.
+func TestApplyIsIdempotentByChargeID(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	entry := lab.NewEntry(attempt("acme", "k-twice", 700, ""), time.Now())
+	first, err := e.books.Apply(ctx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.books.Apply(ctx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry)})
+	if err != nil || again.ID != first.ID || again.BalanceCents != first.BalanceCents {
+		t.Fatalf("second apply: %+v %v, want %+v", again, err, first)
+	}
+	if c, ev, _ := e.counts(t, "acme", "k-twice"); c != 1 || ev != 1 {
+		t.Fatalf("%d charges, %d events; want 1 and 1", c, ev)
+	}
+}

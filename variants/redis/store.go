@@ -81,27 +81,38 @@ type record struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
-// A claim's value names its owner and the request it is for.
-const claimPrefix = "claim|"
+// A claim's value names its owner, the request it is for, when it was taken
+// and the charge it may apply. An unsettled value keeps that charge id when
+// the ledger's answer was lost, so the next claimant retries the same charge.
+const (
+	claimPrefix     = "claim|"
+	unsettledPrefix = "unsettled|"
+)
 
-func claimValue(token, fingerprint string, now time.Time) string {
-	return claimPrefix + token + "|" + fingerprint + "|" + strconv.FormatInt(now.UnixMilli(), 10)
+func claimValue(token, fingerprint string, now time.Time, chargeID string) string {
+	return claimPrefix + token + "|" + fingerprint + "|" + strconv.FormatInt(now.UnixMilli(), 10) + "|" + chargeID
 }
 
 // decoded is what a key currently holds.
 type decoded struct {
-	state       string // lab.KeyAbsent, lab.KeyInFlight or lab.KeyCompleted
+	state       string // lab.KeyInFlight or lab.KeyCompleted
 	fingerprint string
+	chargeID    string
+	unsettled   bool // in flight with no owner: its charge's outcome is unknown
 	rec         record
 }
 
 func decode(v string) (decoded, error) {
-	if rest, ok := strings.CutPrefix(v, claimPrefix); ok {
-		parts := strings.SplitN(rest, "|", 3) // token, fingerprint, claimed at (unix ms)
-		d := decoded{state: lab.KeyInFlight}
-		if len(parts) == 3 {
+	rest, claimed := strings.CutPrefix(v, claimPrefix)
+	if !claimed {
+		rest, claimed = strings.CutPrefix(v, unsettledPrefix)
+	}
+	if claimed {
+		parts := strings.SplitN(rest, "|", 4) // token, fingerprint, claimed at (unix ms), charge id
+		d := decoded{state: lab.KeyInFlight, unsettled: strings.HasPrefix(v, unsettledPrefix)}
+		if len(parts) == 4 {
 			ms, _ := strconv.ParseInt(parts[2], 10, 64)
-			d.fingerprint, d.rec.CreatedAt = parts[1], time.UnixMilli(ms).UTC()
+			d.fingerprint, d.rec.CreatedAt, d.chargeID = parts[1], time.UnixMilli(ms).UTC(), parts[3]
 		}
 		return d, nil
 	}
@@ -117,9 +128,9 @@ func (s *Store) key(sc lab.Scope) string {
 	return s.prefix + "idem:" + url.QueryEscape(sc.Tenant) + "|" + url.QueryEscape(sc.Endpoint) + "|" + url.QueryEscape(sc.Key)
 }
 
-// complete swaps the claim for the completed record only while the claim is
-// still ours: a claim that expired mid-work may belong to someone else now.
-var complete = goredis.NewScript(`
+// swap replaces a value only while it is still the one we hold: a claim that
+// expired mid-work may belong to someone else now.
+var swap = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return 1
@@ -143,7 +154,8 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	deadline := time.Now().Add(s.wait)
 	backoff := 5 * time.Millisecond
 	for {
-		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now())
+		a.ChargeID = lab.NewChargeID()
+		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now(), a.ChargeID)
 		won, err := s.client.SetNX(ctx, k, claim, ttl).Result()
 		if err != nil {
 			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
@@ -167,6 +179,19 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			return lab.Outcome{}, lab.ErrKeyReused
 		case d.state == lab.KeyCompleted:
 			return lab.Outcome{Response: lab.Response{Status: d.rec.Status, Body: d.rec.Body}, Replayed: true}, nil
+		case d.unsettled:
+			// Take it over with its charge id: if the lost commit landed, the
+			// ledger returns that charge instead of applying a second one.
+			a.ChargeID = d.chargeID
+			claim = claimValue(uuid.NewString(), a.Fingerprint, s.now(), d.chargeID)
+			ok, err := swap.Run(ctx, s.client, []string{k}, v, claim, ttl.Milliseconds()).Int()
+			if err != nil {
+				return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
+			}
+			if ok == 1 {
+				return s.perform(ctx, k, claim, a)
+			}
+			continue
 		}
 		// In flight: poll with backoff until the bounded wait runs out.
 		if time.Now().Add(backoff).After(deadline) {
@@ -189,7 +214,16 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (la
 	}
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if errors.Is(err, lab.ErrOutcomeUnknown) {
-		return lab.Outcome{}, err // maybe charged: the claim stays until its TTL rather than invite a second charge
+		// Maybe charged: keep the key, and the charge id, for the next attempt.
+		retention := s.window
+		if a.Faults.Retention > 0 {
+			retention = a.Faults.Retention
+		}
+		unsettled := unsettledPrefix + strings.TrimPrefix(claim, claimPrefix)
+		if serr := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, unsettled, retention.Milliseconds()).Err(); serr != nil {
+			err = errors.Join(err, fmt.Errorf("error keeping the unsettled charge: %w", serr))
+		}
+		return lab.Outcome{}, err
 	}
 	if err != nil {
 		// Nothing was charged: give the key back so a retry can run.
@@ -210,7 +244,7 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (la
 	// stands, and whoever holds the key now may charge again. That is the
 	// lesson of a lock TTL shorter than the work.
 	// The charge happened: record it even if the client has gone.
-	if err := complete.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
+	if err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
 		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %v", lab.ErrStoreUnavailable, err)
 	}
 	return lab.Outcome{Response: resp}, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -37,7 +38,7 @@ func servers(t *testing.T) map[string]string {
 	return out
 }
 
-func newStore(t *testing.T, url string, books *memory.Books) *redis.Store {
+func newStore(t *testing.T, url string, books lab.Ledger) *redis.Store {
 	t.Helper()
 	opts, err := goredis.ParseURL(url)
 	if err != nil {
@@ -182,6 +183,38 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 			}
 			if v, err := other.Get(ctx, foreign).Result(); err != nil || v != "keep me" {
 				t.Fatalf("foreign key: %q %v", v, err)
+			}
+		})
+	}
+}
+
+// TestAmbiguousCommitIsNotChargedTwice: when the ledger's answer is lost
+// even after retrying, the key stays unsettled with its charge id; the
+// client's retry takes it over and the ledger answers with the recorded
+// charge instead of charging again.
+func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			failures := new(atomic.Int32)
+			failures.Store(3)
+			s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
+			ctx := context.Background()
+			if _, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
+				t.Fatalf("first: %v, want an unknown outcome", err)
+			}
+			if st, _ := s.Lookup(ctx, attempt("k-lost", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
+				t.Fatalf("state %s, want the key kept", st)
+			}
+			if _, err := s.Charge(ctx, attempt("k-lost", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
+				t.Fatalf("another request on the unsettled key: %v", err)
+			}
+			retry, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{}))
+			if err != nil || retry.Replayed {
+				t.Fatalf("retry: %v replayed=%v", err, retry.Replayed)
+			}
+			if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-lost"); k.Charges != 1 {
+				t.Fatalf("charges %d, want 1", k.Charges)
 			}
 		})
 	}
