@@ -233,6 +233,42 @@ ok "Content-Type: application/problem+json"
 expect param amount
 echo "   detail: $(jget detail)"
 
+# skip_unless_ran: the breakage steps need a store or faults the lab may not
+# have; say so and move on rather than fail.
+skip_unless_ran() {
+	case "$status" in
+	503) echo "   skipped: $(jget detail)"; return 1 ;;
+	403) echo "   skipped: fault injection is off on this lab (-faults on enables it)"; return 1 ;;
+	esac
+	return 0
+}
+
+title "Where memory breaks: 9 retries over 3 replicas, one map per replica"
+req "$base/charge-idempotent?store=memory&replicas=3&attempts=9&key=scale-$stamp"
+expect_status 200
+expect charges_applied 3
+expect verdict breaks
+echo "   why: $(jget explanation)"
+
+title "Where redis breaks: the claim's TTL (100 ms) is shorter than the work (300 ms)"
+req "$base/charge-idempotent?store=redis&fault=slow&work_ms=300&ttl_ms=100&key=ttl-$stamp"
+if skip_unless_ran; then
+	expect_status 200
+	expect verdict breaks
+	(($(jget charges_applied) > 1)) || fail "expected more than one charge, got $(jget charges_applied)"
+	ok "charges_applied = $(jget charges_applied)"
+	echo "   why: $(jget explanation)"
+fi
+
+title "Where postgres holds: the response is lost after the commit, the retries replay it"
+req "$base/charge-idempotent?store=postgres&fault=crash_after_charge&key=lost-$stamp"
+if skip_unless_ran; then
+	expect_status 200
+	expect charges_applied 1
+	expect verdict holds
+	echo "   why: $(jget explanation)"
+fi
+
 title "The outbox: each idempotent charge commits a receipt event, the relay delivers it (unsafe sends receipts directly)"
 req "$base/outbox?limit=5"
 expect_status 200

@@ -166,6 +166,7 @@ func TestThreeProcesses(t *testing.T) {
 	schema := schemaOf(t, procs[0])
 
 	t.Run("NineRetriesOverThreeReplicas", func(t *testing.T) {
+		verdicts := map[string]string{"unsafe": "breaks", "memory": "breaks", "redis": "holds", "postgres": "holds"}
 		for store, want := range map[string]int{"unsafe": 9, "memory": 3, "redis": 1, "postgres": 1} {
 			key := "cluster-" + store
 			route := "/charge-idempotent?store=" + store
@@ -177,8 +178,8 @@ func TestThreeProcesses(t *testing.T) {
 				t.Fatalf("%s: %d %s", store, r.Status, r.Body)
 			}
 			rep := r.JSON(t)
-			if n, _ := ledger(t, pool, schema, store, key); n != want || rep["charges_applied"] != float64(n) {
-				t.Errorf("%s: ledger holds %d charges (report %v), want %d", store, n, rep["charges_applied"], want)
+			if n, _ := ledger(t, pool, schema, store, key); n != want || rep["charges_applied"] != float64(n) || rep["verdict"] != verdicts[store] {
+				t.Errorf("%s: ledger holds %d charges (report %v, %v), want %d (%s)", store, n, rep["charges_applied"], rep["verdict"], want, verdicts[store])
 			}
 			targets := map[string]bool{}
 			for _, a := range rep["timeline"].([]any) {

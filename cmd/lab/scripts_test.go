@@ -164,7 +164,7 @@ func TestClusterScript(t *testing.T) {
 
 func TestWalkthroughScript(t *testing.T) {
 	scriptNeedTools(t, "bash", "curl", "python3")
-	const steps = "walkthrough passed: 11 steps"
+	const steps = "walkthrough passed: 14 steps"
 
 	t.Run("memory", func(t *testing.T) {
 		a := labtest.Start(t, app.Config{}) // memory store and ledger only

@@ -113,8 +113,8 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 					replayed++
 				case r.Status == http.StatusConflict:
 					inProgress++
-					if r.Header.Get("Retry-After") == "" {
-						t.Errorf("409 without Retry-After")
+					if r.Header.Get("Retry-After") == "" || r.JSON(t)["code"] != "idempotency_in_progress" {
+						t.Errorf("409 %s (Retry-After %q)", r.Body, r.Header.Get("Retry-After"))
 					}
 				default:
 					t.Errorf("unexpected reply %d %s", r.Status, r.Body)
@@ -131,6 +131,10 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 			s := runStats(t, a, "run-50-"+store)
 			if s.Charges != 1 || s.OutboxEvents != 1 {
 				t.Fatalf("ledger: %d charges, %d outbox events; want 1 and 1", s.Charges, s.OutboxEvents)
+			}
+			_, state := labtest.Get(t, a.URL()+"/idempotency/state?store="+store)
+			if keys := state["stores"].(map[string]any)[store].(map[string]any)["total"]; keys != float64(1) {
+				t.Fatalf("%v key rows, want 1", keys)
 			}
 		})
 	}

@@ -283,14 +283,6 @@ func (k keyTally) charges() (n int) {
 	return n
 }
 
-// duplicates counts charges beyond the one each tenant wanted.
-func (k keyTally) duplicates() (n int) {
-	for _, t := range k {
-		n += max(0, t.Charges-1)
-	}
-	return n
-}
-
 func (k keyTally) overcharged() (c int64) {
 	for _, t := range k {
 		c += t.OverchargedCents()
@@ -298,14 +290,27 @@ func (k keyTally) overcharged() (c int64) {
 	return c
 }
 
-// exactlyOnce reports whether every tenant was charged exactly once.
-func (k keyTally) exactlyOnce() bool {
-	for _, t := range k {
-		if t.Charges != 1 {
-			return false
+// added counts, per run, the charges beyond what each tenant wanted from
+// it: one for a key never charged before, none for a key already charged.
+func added(before, after keyTally) (duplicates int) {
+	for i := range after {
+		wanted := 0
+		if before[i].Charges == 0 {
+			wanted = 1
 		}
+		duplicates += max(0, after[i].Charges-before[i].Charges-wanted)
 	}
-	return true
+	return duplicates
+}
+
+// faultHitsFirstAttempt reports faults carried by the first attempt, whose
+// failure is the point of the run.
+func faultHitsFirstAttempt(spec Spec) bool {
+	switch spec.Faults.Point {
+	case lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail:
+		return true
+	}
+	return false
 }
 
 // conclude reads the ground truth and writes the verdict.
@@ -320,7 +325,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	}
 	rep.ChargesApplied = stats.Charges
 	rep.KeyCharges = after.charges()
-	rep.DuplicatesApplied = after.duplicates() - before.duplicates()
+	rep.DuplicatesApplied = added(before, after)
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
 	rep.SideEffectsEmitted = stats.OutboxEvents + stats.DirectSends
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
@@ -350,8 +355,8 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		if answered && (f.Status != http.StatusCreated || f.Replayed) {
 			rep.DuplicatesPrevented++ // answered without a charge
 		}
-		// The faulted attempt of a two-phase run is expected to fail.
-		if !answered && !(i == 0 && needsTwoPhases(spec)) {
+		// The faulted attempt is expected to fail.
+		if !answered && !(i == 0 && faultHitsFirstAttempt(spec)) {
 			unanswered = append(unanswered, fmt.Sprintf("attempt %d: %s", res.Attempt, describe(f)))
 		}
 		for _, t := range res.Tries {
@@ -370,9 +375,19 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		rep.Reason = fmt.Sprintf("%d attempt(s) got no usable answer (%s); the ledger holds %d charge(s) for this key",
 			len(unanswered), strings.Join(unanswered, "; "), rep.KeyCharges)
 		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+	case spec.Faults.Point != "" && before.charges() > 0:
+		rep.Verdict = Inconclusive
+		rep.Reason = fmt.Sprintf("the key already had %d charge(s) before the run, so the %s fault had nothing to act on: use a fresh key",
+			before.charges(), spec.Faults.Point)
+		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+	case after.charges() == 0:
+		rep.Verdict = Inconclusive
+		rep.Reason = "no charge was applied at all, so the run shows no duplicate to prevent"
+		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
 	default:
+		// A run is judged by what it added to the ledger, not by the key's past.
 		rep.Verdict = Holds
-		if !after.exactlyOnce() {
+		if rep.DuplicatesApplied > 0 {
 			rep.Verdict = Breaks
 		}
 		rep.Reason = reason(spec, rep)
@@ -403,11 +418,11 @@ func reason(spec Spec, rep *Report) string {
 	if spec.Scenario == ScenarioTenants {
 		who = "this key across both tenants"
 	}
-	s := fmt.Sprintf("the ledger holds %d charge(s) for %s, %d expected", rep.KeyCharges, who, rep.ExpectedCharges)
-	if rep.ChargesApplied != rep.KeyCharges {
-		s += fmt.Sprintf(" (%d made by this run)", rep.ChargesApplied)
+	if earlier := rep.KeyCharges - rep.ChargesApplied; earlier > 0 {
+		return fmt.Sprintf("the ledger holds %d charge(s) for %s: %d from earlier runs and %d from this one, which should have added none",
+			rep.KeyCharges, who, earlier, rep.ChargesApplied)
 	}
-	return s
+	return fmt.Sprintf("the ledger holds %d charge(s) for %s, %d expected", rep.KeyCharges, who, rep.ExpectedCharges)
 }
 
 func note(rep *Report) string {

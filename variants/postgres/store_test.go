@@ -340,3 +340,31 @@ func TestApplyIsIdempotentByChargeID(t *testing.T) {
 		t.Fatalf("%d charges, %d events; want 1 and 1", c, ev)
 	}
 }
+
+// TestReusedKeyWritesNothing: the same key with another amount is refused
+// and leaves the key row, the ledger and the outbox as they were.
+func TestReusedKeyWritesNothing(t *testing.T) {
+	e := setup(t)
+	s := newStore(e.pool, e.schema)
+	ctx := context.Background()
+	if _, err := s.Charge(ctx, attempt("acme", "k-reuse", 2500, "")); err != nil {
+		t.Fatal(err)
+	}
+	keyRow := func() (fp string, created time.Time) {
+		t.Helper()
+		if err := e.pool.QueryRow(ctx, `SELECT request_fingerprint, created_at FROM idempotency_requests WHERE idempotency_key = 'k-reuse'`).Scan(&fp, &created); err != nil {
+			t.Fatal(err)
+		}
+		return fp, created
+	}
+	fp, created := keyRow()
+	if _, err := s.Charge(ctx, attempt("acme", "k-reuse", 9999, "")); !errors.Is(err, lab.ErrKeyReused) {
+		t.Fatalf("got %v, want key reused", err)
+	}
+	if c, ev, k := e.counts(t, "acme", "k-reuse"); c != 1 || ev != 1 || k != 1 {
+		t.Fatalf("rows: %d charges, %d events, %d keys; want 1 each", c, ev, k)
+	}
+	if fp2, created2 := keyRow(); fp2 != fp || !created2.Equal(created) {
+		t.Fatal("the refused request rewrote the key row")
+	}
+}
