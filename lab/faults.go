@@ -34,6 +34,14 @@ type Faults struct {
 	Retention time.Duration // key retention override (expired)
 }
 
+// RetentionOr is the key retention this request asks for, or window.
+func (f Faults) RetentionOr(window time.Duration) time.Duration {
+	if f.Retention > 0 {
+		return f.Retention
+	}
+	return window
+}
+
 // Has reports whether the named fault point is armed.
 func (f Faults) Has(point string) bool { return f.Point == point && point != "" }
 

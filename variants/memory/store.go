@@ -37,6 +37,7 @@ type entry struct {
 	crashed     bool          // set before done is closed when the replica crashed
 	unknown     bool          // set before done is closed when the charge's outcome is unknown
 	chargeID    string        // the charge this key may apply; kept across an unknown outcome
+	inherited   bool          // chargeID came from an unsettled entry: never give it up
 	createdAt   time.Time
 	expiresAt   time.Time
 	heapIndex   int
@@ -112,10 +113,12 @@ func (s *Store) claim(k string, a lab.Attempt) (*entry, bool) {
 	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, heapIndex: -1, chargeID: lab.NewChargeID()}
 	if old, ok := s.table[k]; ok {
 		switch {
+		case old.unknown && !now.Before(old.expiresAt):
+			// Unsettled past its retention: forgotten like any expired key.
 		case old.unknown && old.fingerprint == a.Fingerprint:
 			// Retry the same charge: if the lost commit landed, the ledger
 			// returns it instead of charging again.
-			e.chargeID, e.createdAt = old.chargeID, old.createdAt
+			e.chargeID, e.createdAt, e.inherited = old.chargeID, old.createdAt, true
 		case old.resp == nil || now.Before(old.expiresAt):
 			return old, false
 		}
@@ -131,8 +134,10 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 	}
 	a.ChargeID = e.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
-	if errors.Is(err, lab.ErrOutcomeUnknown) {
-		s.settleLater(e) // maybe charged: keep the key and its charge id
+	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && e.inherited {
+		// Maybe charged (now, or by the lost commit whose id this entry
+		// carries): keep the key and its charge id for the next attempt.
+		s.settleLater(e, a)
 		return lab.Outcome{}, err
 	}
 	if err != nil {
@@ -143,10 +148,7 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 		s.crash()
 		return lab.Outcome{}, lab.ErrCrash
 	}
-	retention := s.window
-	if a.Faults.Retention > 0 {
-		retention = a.Faults.Retention
-	}
+	retention := a.Faults.RetentionOr(s.window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e.crashed { // the replica "died" meanwhile: this request dies with it
@@ -176,13 +178,19 @@ func (s *Store) release(k string, e *entry) {
 
 // settleLater keeps an entry whose charge may have been applied: the next
 // attempt with the same request retries the same charge id.
-func (s *Store) settleLater(e *entry) {
+func (s *Store) settleLater(e *entry, a lab.Attempt) {
+	retention := a.Faults.RetentionOr(s.window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !e.crashed {
-		e.unknown = true
-		close(e.done)
+	if e.crashed {
+		return
 	}
+	e.unknown = true
+	e.expiresAt = s.now().Add(retention) // kept no longer than a completed key
+	if s.table[e.scope.String()] == e {
+		heap.Push(&s.expiry, e)
+	}
+	close(e.done)
 }
 
 // crash loses the table, as the death of this replica's process would, and
@@ -251,7 +259,7 @@ func (s *Store) Lookup(_ context.Context, sc lab.Scope) (string, error) {
 	defer s.mu.Unlock()
 	e, ok := s.table[sc.String()]
 	switch {
-	case !ok || (e.resp != nil && !s.now().Before(e.expiresAt)):
+	case !ok || ((e.resp != nil || e.unknown) && !s.now().Before(e.expiresAt)):
 		return lab.KeyAbsent, nil
 	case e.resp == nil:
 		return lab.KeyInFlight, nil

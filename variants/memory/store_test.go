@@ -112,7 +112,7 @@ func BenchmarkFreshKeys(b *testing.B) {
 func TestCrashTakesDownWaiters(t *testing.T) {
 	s := memory.New(memory.Config{Ledger: memory.NewBooks(nil), Wait: 5 * time.Second})
 	owner := attempt("k-crash", 100)
-	owner.Faults = lab.Faults{Point: lab.FaultSlow, Work: 200 * time.Millisecond}
+	owner.Faults = lab.Faults{Point: lab.FaultSlow, Work: 600 * time.Millisecond}
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.Charge(context.Background(), owner)
@@ -180,5 +180,52 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 				t.Fatalf("charges %d, want 1", k.Charges)
 			}
 		})
+	}
+}
+
+// TestTakeOverNeverGivesUpTheChargeID: a retry that takes over an unsettled
+// key and then fails (its client leaves during the work) keeps the key and
+// its charge id, so the lost commit is still never repeated.
+func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
+	books := memory.NewBooks(nil)
+	failures := new(atomic.Int32)
+	failures.Store(3)
+	s := memory.New(memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
+	bg := context.Background()
+	if _, err := s.Charge(bg, attempt("k-take", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
+		t.Fatalf("first: %v", err)
+	}
+	slow := attempt("k-take", 100)
+	slow.Faults = lab.Faults{Point: lab.FaultSlow, Work: time.Second}
+	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+	defer cancel()
+	if _, err := s.Charge(ctx, slow); err == nil {
+		t.Fatal("the interrupted retry succeeded")
+	}
+	if _, err := s.Charge(bg, attempt("k-take", 100)); err != nil {
+		t.Fatalf("plain retry: %v", err)
+	}
+	if k, _ := books.KeyCharges(bg, "acme", lab.StoreMemory, "k-take"); k.Charges != 1 {
+		t.Fatalf("charges %d, want 1", k.Charges)
+	}
+}
+
+// TestUnsettledKeysExpire: an unsettled key is kept no longer than a
+// completed one, so the table stays bounded even if nobody retries.
+func TestUnsettledKeysExpire(t *testing.T) {
+	var c clock
+	failures := new(atomic.Int32)
+	failures.Store(3)
+	s := memory.New(memory.Config{Ledger: labtest.LostCommit{Ledger: memory.NewBooks(c.now), Failures: failures}, Window: time.Hour, Now: c.now})
+	ctx := context.Background()
+	if _, err := s.Charge(ctx, attempt("k-unsettled", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
+		t.Fatalf("first: %v", err)
+	}
+	if st, _ := s.Lookup(ctx, attempt("k-unsettled", 100).Scope); st != lab.KeyInFlight {
+		t.Fatalf("state %s, want kept", st)
+	}
+	c.advance(2 * time.Hour)
+	if n, _ := s.Sweep(ctx); n != 1 || s.Len() != 0 {
+		t.Fatalf("swept %d, %d left", n, s.Len())
 	}
 }

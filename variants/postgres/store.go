@@ -79,10 +79,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 }
 
 func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err error) {
-	retention := s.window
-	if a.Faults.Retention > 0 {
-		retention = a.Faults.Retention
-	}
+	retention := a.Faults.RetentionOr(s.window)
 	// The whole wait is bounded: for a connection, then for a twin's lock.
 	start := time.Now()
 	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)

@@ -161,7 +161,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
 		}
 		if won {
-			return s.perform(ctx, k, claim, a)
+			return s.perform(ctx, k, claim, a, false)
 		}
 		v, err := s.client.Get(ctx, k).Result()
 		switch {
@@ -189,7 +189,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 				return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
 			}
 			if ok == 1 {
-				return s.perform(ctx, k, claim, a)
+				return s.perform(ctx, k, claim, a, true)
 			}
 			continue
 		}
@@ -208,17 +208,17 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 }
 
-func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (lab.Outcome, error) {
+// perform charges behind a claim. An inherited claim carries the charge id
+// of an unsettled key, which must never be given up on a failure.
+func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inherited bool) (lab.Outcome, error) {
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
 	}
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
-	if errors.Is(err, lab.ErrOutcomeUnknown) {
-		// Maybe charged: keep the key, and the charge id, for the next attempt.
-		retention := s.window
-		if a.Faults.Retention > 0 {
-			retention = a.Faults.Retention
-		}
+	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && inherited {
+		// Maybe charged (now, or by the lost commit whose id this claim
+		// carries): keep the key, and the charge id, for the next attempt.
+		retention := a.Faults.RetentionOr(s.window)
 		unsettled := unsettledPrefix + strings.TrimPrefix(claim, claimPrefix)
 		if serr := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, unsettled, retention.Milliseconds()).Err(); serr != nil {
 			err = errors.Join(err, fmt.Errorf("error keeping the unsettled charge: %w", serr))
@@ -235,10 +235,7 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt) (la
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
 		return lab.Outcome{}, lab.ErrCrash // charged in the ledger; Redis never hears of it
 	}
-	retention := s.window
-	if a.Faults.Retention > 0 {
-		retention = a.Faults.Retention
-	}
+	retention := a.Faults.RetentionOr(s.window)
 	rec, _ := json.Marshal(record{Fingerprint: a.Fingerprint, Status: resp.Status, Body: resp.Body, CreatedAt: s.now().UTC()})
 	// If the claim expired mid-work the record is not written: the charge
 	// stands, and whoever holds the key now may charge again. That is the

@@ -219,3 +219,31 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 		})
 	}
 }
+
+// TestTakeOverNeverGivesUpTheChargeID: see the memory store's test of the
+// same name.
+func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) {
+			books := memory.NewBooks(nil)
+			failures := new(atomic.Int32)
+			failures.Store(3)
+			s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
+			bg := context.Background()
+			if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
+				t.Fatalf("first: %v", err)
+			}
+			ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+			defer cancel()
+			if _, err := s.Charge(ctx, attempt("k-take", 100, lab.Faults{Point: lab.FaultSlow, Work: time.Second})); err == nil {
+				t.Fatal("the interrupted retry succeeded")
+			}
+			if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); err != nil {
+				t.Fatalf("plain retry: %v", err)
+			}
+			if k, _ := books.KeyCharges(bg, "acme", lab.StoreRedis, "k-take"); k.Charges != 1 {
+				t.Fatalf("charges %d, want 1", k.Charges)
+			}
+		})
+	}
+}
