@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -187,10 +186,4 @@ func ParseRange(name, raw string, def, lo, hi int64) (int64, error) {
 		return 0, Invalid(name, "must be an integer in %d..%d (got %q)", lo, hi, raw)
 	}
 	return n, nil
-}
-
-// IsInvalid reports whether err is a validation error.
-func IsInvalid(err error) bool {
-	var ie *InvalidError
-	return errors.As(err, &ie)
 }

@@ -129,15 +129,6 @@ func New(cfg Config, deps Deps) *Server {
 // Handler is the server's http.Handler.
 func (s *Server) Handler() http.Handler { return s.echo }
 
-// Echo exposes the router so other packages can add routes.
-func (s *Server) Echo() *echo.Echo { return s.echo }
-
-// Store returns a configured store.
-func (s *Server) Store(name string) (lab.Store, bool) {
-	st, ok := s.deps.Stores[name]
-	return st, ok
-}
-
 // pickStore resolves ?store=.
 func (s *Server) pickStore(name string) (lab.Store, error) {
 	if name == "" {
