@@ -38,6 +38,14 @@ func servers(t *testing.T) map[string]string {
 	return out
 }
 
+// eachServer runs test as a subtest against every server.
+func eachServer(t *testing.T, test func(t *testing.T, url string)) {
+	t.Helper()
+	for name, url := range servers(t) {
+		t.Run(name, func(t *testing.T) { test(t, url) })
+	}
+}
+
 func newStore(t *testing.T, url string, books lab.Ledger) *redis.Store {
 	t.Helper()
 	opts, err := goredis.ParseURL(url)
@@ -60,132 +68,122 @@ func attempt(key string, amount int64, f lab.Faults) lab.Attempt {
 }
 
 func TestClaimsAndReplays(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
-			s := newStore(t, url, books)
-			var wg sync.WaitGroup
-			var mu sync.Mutex
-			fresh := 0
-			for range 20 {
-				wg.Go(func() {
-					out, err := s.Charge(context.Background(), attempt("k", 100, lab.Faults{}))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if !out.Replayed {
-						mu.Lock()
-						fresh++
-						mu.Unlock()
-					}
-				})
-			}
-			wg.Wait()
-			if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreRedis, "k"); k.Charges != 1 || fresh != 1 {
-				t.Fatalf("charges %d, fresh answers %d; want 1 and 1", k.Charges, fresh)
-			}
-			if _, err := s.Charge(context.Background(), attempt("k", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
-				t.Fatalf("other amount: %v", err)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		books := memory.NewBooks(nil)
+		s := newStore(t, url, books)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		fresh := 0
+		for range 20 {
+			wg.Go(func() {
+				out, err := s.Charge(context.Background(), attempt("k", 100, lab.Faults{}))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if !out.Replayed {
+					mu.Lock()
+					fresh++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreRedis, "k"); k.Charges != 1 || fresh != 1 {
+			t.Fatalf("charges %d, fresh answers %d; want 1 and 1", k.Charges, fresh)
+		}
+		if _, err := s.Charge(context.Background(), attempt("k", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
+			t.Fatalf("other amount: %v", err)
+		}
+	})
 }
 
 // TestTTLsRunInRealTime: the embedded Redis expires keys on the wall clock,
 // so a claim that outlives its TTL is lost exactly as on a real server.
 func TestTTLsRunInRealTime(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
-			s := newStore(t, url, books)
-			ctx := context.Background()
-			if _, err := s.Charge(ctx, attempt("k-ttl", 100, lab.Faults{Retention: 100 * time.Millisecond})); err != nil {
-				t.Fatal(err)
-			}
-			if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyCompleted {
-				t.Fatalf("state %s right after the charge", st)
-			}
-			time.Sleep(250 * time.Millisecond)
-			if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
-				t.Fatalf("state %s after the TTL, want absent", st)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		books := memory.NewBooks(nil)
+		s := newStore(t, url, books)
+		ctx := context.Background()
+		if _, err := s.Charge(ctx, attempt("k-ttl", 100, lab.Faults{Retention: 100 * time.Millisecond})); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyCompleted {
+			t.Fatalf("state %s right after the charge", st)
+		}
+		time.Sleep(250 * time.Millisecond)
+		if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
+			t.Fatalf("state %s after the TTL, want absent", st)
+		}
+	})
 }
 
 // TestExpiredClaimIsNotCompleted: a worker whose claim expired mid-work
 // must not overwrite the key: the compare-and-set on its token refuses.
 func TestExpiredClaimIsNotCompleted(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
-			s := newStore(t, url, books)
-			ctx := context.Background()
-			slow := lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}
-			if _, err := s.Charge(ctx, attempt("k-slow", 100, slow)); err != nil {
-				t.Fatal(err)
-			}
-			if st, _ := s.Lookup(ctx, attempt("k-slow", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
-				t.Fatalf("state %s: the expired claim's owner stored its record", st)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		books := memory.NewBooks(nil)
+		s := newStore(t, url, books)
+		ctx := context.Background()
+		slow := lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}
+		if _, err := s.Charge(ctx, attempt("k-slow", 100, slow)); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := s.Lookup(ctx, attempt("k-slow", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
+			t.Fatalf("state %s: the expired claim's owner stored its record", st)
+		}
+	})
 }
 
 func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
-			s := newStore(t, url, books)
-			ctx := context.Background()
-			f := lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}
-			if _, err := s.Charge(ctx, attempt("k-crash", 100, f)); !errors.Is(err, lab.ErrCrash) {
-				t.Fatalf("got %v", err)
-			}
-			if st, _ := s.Lookup(ctx, attempt("k-crash", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
-				t.Fatalf("state %s, want the claim left behind", st)
-			}
-			// The bounded wait (2 s) outlasts the TTL: the retry claims and charges once.
-			if out, err := s.Charge(ctx, attempt("k-crash", 100, lab.Faults{})); err != nil || out.Replayed {
-				t.Fatalf("retry: %v", err)
-			}
-			if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-crash"); k.Charges != 1 {
-				t.Fatalf("charges %d", k.Charges)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		books := memory.NewBooks(nil)
+		s := newStore(t, url, books)
+		ctx := context.Background()
+		f := lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}
+		if _, err := s.Charge(ctx, attempt("k-crash", 100, f)); !errors.Is(err, lab.ErrCrash) {
+			t.Fatalf("got %v", err)
+		}
+		if st, _ := s.Lookup(ctx, attempt("k-crash", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
+			t.Fatalf("state %s, want the claim left behind", st)
+		}
+		// The bounded wait (2 s) outlasts the TTL: the retry claims and charges once.
+		if out, err := s.Charge(ctx, attempt("k-crash", 100, lab.Faults{})); err != nil || out.Replayed {
+			t.Fatalf("retry: %v", err)
+		}
+		if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-crash"); k.Charges != 1 {
+			t.Fatalf("charges %d", k.Charges)
+		}
+	})
 }
 
 // TestRestartDeletesOnlyTheLabsKeys: the restart fault never flushes the
 // database.
 func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			s := newStore(t, url, memory.NewBooks(nil))
-			opts, _ := goredis.ParseURL(url)
-			other := goredis.NewClient(opts)
-			defer other.Close()
-			ctx := context.Background()
-			foreign := "someone-else:" + t.Name()
-			if err := other.Set(ctx, foreign, "keep me", time.Minute).Err(); err != nil {
-				t.Fatal(err)
-			}
-			defer other.Del(ctx, foreign)
-			if _, err := s.Charge(ctx, attempt("k-restart", 100, lab.Faults{})); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Restart(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if st, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
-				t.Fatalf("lab key survived the restart: %s", st)
-			}
-			if v, err := other.Get(ctx, foreign).Result(); err != nil || v != "keep me" {
-				t.Fatalf("foreign key: %q %v", v, err)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		s := newStore(t, url, memory.NewBooks(nil))
+		opts, _ := goredis.ParseURL(url)
+		other := goredis.NewClient(opts)
+		defer other.Close()
+		ctx := context.Background()
+		foreign := "someone-else:" + t.Name()
+		if err := other.Set(ctx, foreign, "keep me", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		defer other.Del(ctx, foreign)
+		if _, err := s.Charge(ctx, attempt("k-restart", 100, lab.Faults{})); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Restart(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
+			t.Fatalf("lab key survived the restart: %s", st)
+		}
+		if v, err := other.Get(ctx, foreign).Result(); err != nil || v != "keep me" {
+			t.Fatalf("foreign key: %q %v", v, err)
+		}
+	})
 }
 
 // TestAmbiguousCommitIsNotChargedTwice: when the ledger's answer is lost
@@ -193,57 +191,53 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 // client's retry takes it over and the ledger answers with the recorded
 // charge instead of charging again.
 func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
-			failures := new(atomic.Int32)
-			failures.Store(3)
-			s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
-			ctx := context.Background()
-			if _, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
-				t.Fatalf("first: %v, want an unknown outcome", err)
-			}
-			if st, _ := s.Lookup(ctx, attempt("k-lost", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
-				t.Fatalf("state %s, want the key kept", st)
-			}
-			if _, err := s.Charge(ctx, attempt("k-lost", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
-				t.Fatalf("another request on the unsettled key: %v", err)
-			}
-			retry, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{}))
-			if err != nil || retry.Replayed {
-				t.Fatalf("retry: %v replayed=%v", err, retry.Replayed)
-			}
-			if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-lost"); k.Charges != 1 {
-				t.Fatalf("charges %d, want 1", k.Charges)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		books := memory.NewBooks(nil)
+		failures := new(atomic.Int32)
+		failures.Store(3)
+		s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
+		ctx := context.Background()
+		if _, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
+			t.Fatalf("first: %v, want an unknown outcome", err)
+		}
+		if st, _ := s.Lookup(ctx, attempt("k-lost", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
+			t.Fatalf("state %s, want the key kept", st)
+		}
+		if _, err := s.Charge(ctx, attempt("k-lost", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
+			t.Fatalf("another request on the unsettled key: %v", err)
+		}
+		retry, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{}))
+		if err != nil || retry.Replayed {
+			t.Fatalf("retry: %v replayed=%v", err, retry.Replayed)
+		}
+		if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-lost"); k.Charges != 1 {
+			t.Fatalf("charges %d, want 1", k.Charges)
+		}
+	})
 }
 
 // TestTakeOverNeverGivesUpTheChargeID: see the memory store's test of the
 // same name.
 func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
-	for name, url := range servers(t) {
-		t.Run(name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
-			failures := new(atomic.Int32)
-			failures.Store(3)
-			s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
-			bg := context.Background()
-			if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
-				t.Fatalf("first: %v", err)
-			}
-			ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
-			defer cancel()
-			if _, err := s.Charge(ctx, attempt("k-take", 100, lab.Faults{Point: lab.FaultSlow, Work: time.Second})); err == nil {
-				t.Fatal("the interrupted retry succeeded")
-			}
-			if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); err != nil {
-				t.Fatalf("plain retry: %v", err)
-			}
-			if k, _ := books.KeyCharges(bg, "acme", lab.StoreRedis, "k-take"); k.Charges != 1 {
-				t.Fatalf("charges %d, want 1", k.Charges)
-			}
-		})
-	}
+	eachServer(t, func(t *testing.T, url string) {
+		books := memory.NewBooks(nil)
+		failures := new(atomic.Int32)
+		failures.Store(3)
+		s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
+		bg := context.Background()
+		if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
+			t.Fatalf("first: %v", err)
+		}
+		ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
+		defer cancel()
+		if _, err := s.Charge(ctx, attempt("k-take", 100, lab.Faults{Point: lab.FaultSlow, Work: time.Second})); err == nil {
+			t.Fatal("the interrupted retry succeeded")
+		}
+		if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); err != nil {
+			t.Fatalf("plain retry: %v", err)
+		}
+		if k, _ := books.KeyCharges(bg, "acme", lab.StoreRedis, "k-take"); k.Charges != 1 {
+			t.Fatalf("charges %d, want 1", k.Charges)
+		}
+	})
 }
