@@ -54,6 +54,9 @@ func ChargeResponse(c Charge) Response {
 	return Response{Status: http.StatusCreated, Body: body}
 }
 
+// ProblemTypeBase prefixes every problem's type URI.
+const ProblemTypeBase = "https://idempotency.lab/problems/"
+
 // Problem is an RFC 9457 problem document.
 type Problem struct {
 	Type     string `json:"type"`
@@ -65,14 +68,19 @@ type Problem struct {
 	ChargeID string `json:"charge_id,omitempty"`
 }
 
+// Response renders the problem: the one place problem bodies are written,
+// whether sent at once or stored for replay.
+func (p Problem) Response() Response {
+	p.Type = ProblemTypeBase + p.Code
+	body, _ := json.Marshal(p) // a struct of strings and an int always marshals
+	return Response{Status: p.Status, Body: body}
+}
+
 // OrderConflictResponse is the stored, deterministic business outcome of a
 // charge whose order was already charged.
 func OrderConflictResponse(oc *OrderConflictError) Response {
-	body, _ := json.Marshal(Problem{
-		Type: "https://idempotency.lab/problems/order_already_charged", Title: "Order already charged",
-		Status: http.StatusConflict, Code: "order_already_charged", Detail: oc.Error(), ChargeID: oc.ChargeID,
-	})
-	return Response{Status: http.StatusConflict, Body: body}
+	return Problem{Title: "Order already charged", Status: http.StatusConflict, Code: "order_already_charged",
+		Detail: oc.Error(), ChargeID: oc.ChargeID}.Response()
 }
 
 // ledgerTimeout bounds one ledger write, which must not hang a request (or
@@ -85,7 +93,7 @@ const ledgerTimeout = 10 * time.Second
 // to store, or an error: ErrOutcomeUnknown when the charge may have been
 // applied, any other error when it was not.
 func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Response, error) {
-	if err := a.Faults.Pause(ctx.Done()); err != nil {
+	if err := a.Faults.Pause(ctx); err != nil {
 		return Response{}, err
 	}
 	entry := NewEntry(a, now)
@@ -103,7 +111,9 @@ func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Resp
 	// retry a little before giving up on knowing.
 	for try := range 3 {
 		if try > 0 {
-			time.Sleep(time.Duration(try) * 50 * time.Millisecond)
+			if serr := Sleep(ctx, time.Duration(try)*50*time.Millisecond); serr != nil {
+				break // the write's own deadline ran out: the outcome stays unknown
+			}
 		}
 		c, err = ledger.Apply(ctx, apply)
 		var oc *OrderConflictError

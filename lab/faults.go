@@ -1,26 +1,58 @@
 package lab
 
 import (
+	"context"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 )
 
+// FaultPoint names a point on the charge path where a failure is injected.
+type FaultPoint string
+
 // Fault points on the charge path.
 const (
-	FaultNone             = ""
-	FaultSlow             = "slow"               // the work between claim and completion takes work_ms
-	FaultCrashAfterClaim  = "crash_after_claim"  // die after claiming the key, before charging
-	FaultCrashAfterCharge = "crash_after_charge" // die after the ledger commit, before the response is stored or sent
-	FaultOutboxFail       = "outbox_fail"        // writing the outbox event fails
-	FaultStoreRestart     = "store_restart"      // the store loses its volatile state between retries
-	FaultExpired          = "expired"            // the retry arrives after the retention window
+	FaultNone             FaultPoint = ""
+	FaultSlow             FaultPoint = "slow"               // the work between claim and completion takes work_ms
+	FaultCrashAfterClaim  FaultPoint = "crash_after_claim"  // die after claiming the key, before charging
+	FaultCrashAfterCharge FaultPoint = "crash_after_charge" // die after the ledger commit, before the response is stored or sent
+	FaultOutboxFail       FaultPoint = "outbox_fail"        // writing the outbox event fails
+	FaultStoreRestart     FaultPoint = "store_restart"      // the store loses its volatile state between retries
+	FaultExpired          FaultPoint = "expired"            // the retry arrives after the retention window
 )
 
-// FaultNames lists the faults in presentation order.
-var FaultNames = []string{FaultSlow, FaultCrashAfterClaim, FaultCrashAfterCharge, FaultOutboxFail, FaultStoreRestart, FaultExpired}
+// FaultSpec describes a fault for the index and the page's controls.
+type FaultSpec struct {
+	Point  FaultPoint `json:"name"`
+	Title  string     `json:"title"`
+	Params []string   `json:"params"` // the run parameters that apply to it
+}
+
+// FaultSpecs lists every fault in presentation order, with the run parameters
+// each one takes.
+func FaultSpecs() []FaultSpec {
+	return []FaultSpec{
+		{FaultSlow, "the work between claim and completion is slow", []string{"work_ms", "ttl_ms"}},
+		{FaultCrashAfterClaim, "crash after the claim, before the charge", []string{"ttl_ms"}},
+		{FaultCrashAfterCharge, "crash after the charge (lost response)", []string{"ttl_ms"}},
+		{FaultOutboxFail, "the outbox write fails", []string{"ttl_ms"}},
+		{FaultStoreRestart, "the store restarts between charge and retry", nil},
+		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}},
+	}
+}
+
+// ParseFaultPoint accepts the name of a known fault.
+func ParseFaultPoint(param, name string) (FaultPoint, error) {
+	names := make([]string, 0, 6)
+	for _, f := range FaultSpecs() {
+		if string(f.Point) == name {
+			return f.Point, nil
+		}
+		names = append(names, string(f.Point))
+	}
+	return "", Invalid(param, "unknown fault %q; allowed: %s", name, strings.Join(names, ", "))
+}
 
 // FaultHeader carries per-request faults: "slow; work_ms=300; ttl_ms=100".
 const FaultHeader = "Lab-Fault"
@@ -28,7 +60,7 @@ const FaultHeader = "Lab-Fault"
 // Faults is what one request asks the charge path to suffer, plus the store
 // parameters the lessons need (claim TTL, retention window).
 type Faults struct {
-	Point     string
+	Point     FaultPoint
 	Work      time.Duration // slow: duration of the work
 	ClaimTTL  time.Duration // redis claim TTL override
 	Retention time.Duration // key retention override (expired)
@@ -43,13 +75,13 @@ func (f Faults) RetentionOr(window time.Duration) time.Duration {
 }
 
 // Has reports whether the named fault point is armed.
-func (f Faults) Has(point string) bool { return f.Point == point && point != "" }
+func (f Faults) Has(point FaultPoint) bool { return f.Point == point && point != FaultNone }
 
 // String renders f in header form.
 func (f Faults) String() string {
 	var parts []string
 	if f.Point != "" {
-		parts = append(parts, f.Point)
+		parts = append(parts, string(f.Point))
 	}
 	if f.Work > 0 {
 		parts = append(parts, "work_ms="+strconv.FormatInt(f.Work.Milliseconds(), 10))
@@ -73,10 +105,11 @@ func ParseFaults(h string) (Faults, error) {
 		}
 		name, value, isParam := strings.Cut(part, "=")
 		if !isParam {
-			if !slices.Contains(FaultNames, part) {
-				return f, Invalid(FaultHeader, "unknown fault %q; allowed: %s", part, strings.Join(FaultNames, ", "))
+			point, err := ParseFaultPoint(FaultHeader, part)
+			if err != nil {
+				return f, err
 			}
-			f.Point = part
+			f.Point = point
 			continue
 		}
 		ms, err := strconv.ParseInt(strings.TrimSpace(value), 10, 64)
@@ -102,17 +135,25 @@ func ParseFaults(h string) (Faults, error) {
 }
 
 // Pause sleeps for the slow fault's work, or until ctx ends.
-func (f Faults) Pause(done <-chan struct{}) error {
+func (f Faults) Pause(ctx context.Context) error {
 	if !f.Has(FaultSlow) {
 		return nil
 	}
-	t := time.NewTimer(f.Work)
+	if err := Sleep(ctx, f.Work); err != nil {
+		return fmt.Errorf("slow work interrupted: %w", err)
+	}
+	return nil
+}
+
+// Sleep waits for d, or until ctx ends.
+func Sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
-	case <-done:
-		return fmt.Errorf("slow work interrupted")
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

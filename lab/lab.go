@@ -13,16 +13,23 @@ import (
 // Endpoint is the scope name of the charge API; keys are scoped per endpoint.
 const Endpoint = "POST /charges"
 
-// Store names.
+// StoreName names an idempotency design (a variant): "memory", "postgres"…
+type StoreName string
+
+// Verdict is what a run's ledger figures say about its store.
+type Verdict string
+
+// Verdicts.
 const (
-	StoreUnsafe   = "unsafe"
-	StoreMemory   = "memory"
-	StoreRedis    = "redis"
-	StorePostgres = "postgres"
+	Holds  Verdict = "holds"
+	Breaks Verdict = "breaks"
+	// Inconclusive: some attempts got no usable answer, so the ledger's
+	// count cannot be read as the store's doing.
+	Inconclusive Verdict = "inconclusive"
 )
 
-// StoreNames lists every store in the order the lab presents them.
-var StoreNames = []string{StoreUnsafe, StoreMemory, StoreRedis, StorePostgres}
+// Clock tells the time; services take one so tests can move it.
+type Clock func() time.Time
 
 // Scope identifies one logical operation: keys never cross tenants or endpoints.
 type Scope struct {
@@ -40,7 +47,7 @@ type Attempt struct {
 	Fingerprint string
 	Run         string // lab run that sent it, "" outside the lab
 	Replica     string // replica that served it
-	Store       string
+	Store       StoreName
 	Faults      Faults
 	// ChargeID names the charge this attempt may apply. A store that claimed
 	// the key fixes it, so a retry of an unknown outcome reuses it and the
@@ -81,7 +88,7 @@ type Entry struct {
 	Currency    string
 	OrderID     string
 	Key         string
-	Store       string
+	Store       StoreName
 	Run         string
 	Replica     string
 	CreatedAt   time.Time
@@ -123,10 +130,9 @@ type Apply struct {
 
 // RunStats are the ground-truth figures of one lab run.
 type RunStats struct {
-	Charges      int   // ledger entries created by the run
-	AmountCents  int64 // their sum
-	OutboxEvents int   // outbox events created by the run
-	DirectSends  int   // effects sent directly to the provider by the run
+	Charges      int // ledger entries created by the run
+	OutboxEvents int // outbox events created by the run
+	DirectSends  int // effects sent directly to the provider by the run
 }
 
 // KeyTally is what the ledger holds for one key.
@@ -141,7 +147,7 @@ func (k KeyTally) OverchargedCents() int64 { return k.Cents - k.FirstCents }
 
 // StoreSummary aggregates the ledger per store.
 type StoreSummary struct {
-	Store             string `json:"store"`
+	Store             StoreName `json:"store"`
 	ChargesApplied    int    `json:"charges_applied"`
 	Operations        int    `json:"operations"` // distinct (tenant, key, order) charged
 	DuplicatesApplied int    `json:"duplicates_applied"`
@@ -157,46 +163,20 @@ type OutboxStats struct {
 	OldestPendingAge time.Duration `json:"-"`
 }
 
-// Ledger is the system of record: every applied charge is one entry.
+// Ledger is the system of record: every applied charge is one entry. It is
+// what a store needs to charge.
 type Ledger interface {
 	// Apply records a charge (and its event) atomically and returns it with
 	// the account balance after it. It is idempotent by charge id: an entry
 	// already in the ledger is returned as recorded, not applied again. A
 	// duplicate order id yields *OrderConflictError.
 	Apply(ctx context.Context, a Apply) (Charge, error)
-	RunStats(ctx context.Context, run string) (RunStats, error)
-	Summary(ctx context.Context) ([]StoreSummary, error)
-	Balance(ctx context.Context, tenant, account string) (int64, error)
-	// KeyCharges tallies the charges one store made under one tenant's key.
-	KeyCharges(ctx context.Context, tenant, store, key string) (KeyTally, error)
 }
 
-// Outbox holds effects recorded with their charge until delivered.
-type Outbox interface {
-	// ClaimDue leases up to limit due pending events for lease.
-	ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]Event, error)
-	MarkDelivered(ctx context.Context, id string) error
-	MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error
-	Events(ctx context.Context, limit int) ([]Event, error)
-	OutboxStats(ctx context.Context) (OutboxStats, error)
-}
-
-// Provider is the simulated receipt provider. It deduplicates by event id, as
-// a well-behaved downstream does, and reports whether a delivery was new.
-type Provider interface {
-	Deliver(ctx context.Context, e Event, direct bool) (duplicate bool, err error)
-	Receipts(ctx context.Context, run string) (unique, deliveries int, err error)
-}
-
-// Books is the shared ground truth: ledger, outbox and provider receipts,
-// kept together so one backend can commit them in one transaction.
-type Books interface {
-	Ledger
-	Outbox
-	Provider
-	// Reset deletes every row the lab owns, and nothing else.
-	Reset(ctx context.Context) error
-	Kind() string
+// DirectSender sends an effect to the provider at once, outside any
+// transaction: what a design without an outbox does.
+type DirectSender interface {
+	SendDirect(ctx context.Context, e Event) error
 }
 
 // KeyState describes one stored idempotency key for /idempotency/state.
@@ -219,23 +199,44 @@ const (
 )
 
 // Store is one idempotency design: how the server tells a first request from
-// a retry before it charges.
+// a retry before it charges. Everything else a store can do is an optional
+// capability below, found by type assertion.
 type Store interface {
-	Name() string
+	Name() StoreName
 	// Charge runs the attempt through the store's idempotency decision.
 	Charge(ctx context.Context, a Attempt) (Outcome, error)
+}
+
+// KeyLister lists stored keys for /idempotency/state.
+type KeyLister interface {
 	// Keys lists at most limit keys, newest first, and the total count.
 	Keys(ctx context.Context, limit int) ([]KeyState, int, error)
+}
+
+// KeyLooker reports one key's state.
+type KeyLooker interface {
 	// Lookup reports the state of one key (KeyAbsent when there is none).
 	Lookup(ctx context.Context, s Scope) (string, error)
-	// Reset forgets every key the store holds.
+}
+
+// Resetter forgets every key a store holds.
+type Resetter interface {
 	Reset(ctx context.Context) error
-	// Restart loses what the store would lose if its process or server
-	// restarted: volatile state goes, durable state stays.
+}
+
+// Restarter loses what the store would lose if its process or server
+// restarted: volatile state goes, durable state stays.
+type Restarter interface {
 	Restart(ctx context.Context) error
-	// Sweep evicts expired keys and reports how many.
+}
+
+// Sweeper evicts expired keys and reports how many.
+type Sweeper interface {
 	Sweep(ctx context.Context) (int, error)
-	// Describe says in one line where the store keeps its keys.
+}
+
+// Describer says in one line where a running store keeps its keys.
+type Describer interface {
 	Describe() string
 }
 

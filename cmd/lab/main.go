@@ -50,13 +50,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "health":
 		return runHealth(ctx, args, stderr)
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+		fmt.Fprint(stdout, commands)
 		return nil
 	}
 	return fmt.Errorf("unknown command %q (try: lab help)", cmd)
 }
 
-const usage = `usage:
+const commands = `usage:
   lab [serve] [flags]   serve the lab (the default); lab serve --help lists every flag and default
   lab matrix [flags]    run every store against every scenario and print the table
                         (-format table|markdown|json; -url to use a running lab)

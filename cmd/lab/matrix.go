@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
 )
@@ -18,13 +19,13 @@ import (
 // lab with -url, and prints it.
 func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	m := NewMain(stderr)
-	fs, finish := m.flags("lab matrix")
+	fs, err := m.flags("lab matrix")
+	if err != nil {
+		return err
+	}
 	format := fs.String("format", "table", "table, markdown or json")
 	remote := fs.String("url", "", "base URL of a running lab to run the matrix on (default: start one here)")
 	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := finish(); err != nil {
 		return err
 	}
 	if *format != "table" && *format != "markdown" && *format != "json" {
@@ -53,8 +54,8 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer cancel()
 		_ = a.Close(sctx)
 	}()
-	mx, err := a.Server().Matrix(ctx, func(done, total int, c experiment.Case, store string) {
-		progress(stderr, done, total, c.Name+" / "+store)
+	mx, err := a.Server().Matrix(ctx, func(done, total int, c experiment.Case, store lab.StoreName) {
+		progress(stderr, done, total, c.Name+" / "+string(store))
 	})
 	fmt.Fprintln(stderr)
 	if err != nil {

@@ -167,7 +167,7 @@ func TestWalkthroughScript(t *testing.T) {
 	const steps = "walkthrough passed: 14 steps"
 
 	t.Run("memory", func(t *testing.T) {
-		a := labtest.Start(t, app.Config{}) // memory store and ledger only
+		a := startLab(t) // memory store and ledger only
 		out, code := runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
 		t.Logf("walkthrough.sh output:\n%s", out)
 		if code != 0 {
@@ -187,7 +187,7 @@ func TestWalkthroughScript(t *testing.T) {
 
 	t.Run("admin token", func(t *testing.T) {
 		const secret = "walkthrough-admin-secret"
-		a := labtest.Start(t, app.Config{AdminToken: secret})
+		a := startLab(t, func(c *app.Config) { c.AdminToken = secret })
 		out, code := runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
 		if code == 0 || !strings.Contains(out, "set LAB_ADMIN_TOKEN") {
 			t.Errorf("without the token: exit %d, want non-zero and a hint to set LAB_ADMIN_TOKEN:\n%s", code, out)

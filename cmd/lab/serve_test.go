@@ -12,8 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/variants/postgres/embedded"
+	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
 )
 
 // TestZeroConfigServe runs the binary as the README's first command does —
@@ -23,7 +24,7 @@ func TestZeroConfigServe(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts the binary and a PostgreSQL cluster")
 	}
-	if _, err := embedded.Find(); err != nil {
+	if _, err := throwaway.Find(); err != nil {
 		if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
 			t.Fatalf("PostgreSQL server binaries are required: %v", err)
 		}
@@ -72,8 +73,8 @@ func TestZeroConfigServe(t *testing.T) {
 	if !strings.Contains(fmt.Sprint(deps["postgres"]), "embedded throwaway cluster") || !strings.Contains(fmt.Sprint(deps["redis"]), "embedded") {
 		t.Fatalf("ready: %v", ready)
 	}
-	for _, store := range []string{"memory", "redis", "postgres"} {
-		r := labtest.Charge(t, base, store, labtest.Acme, "zero-config-"+store, `{"account":"acct-1","amount_cents":2500}`)
+	for _, store := range []lab.StoreName{"memory", "redis", "postgres"} {
+		r := labtest.Charge(t, base, store, labtest.Acme, "zero-config-"+string(store), `{"account":"acct-1","amount_cents":2500}`)
 		if r.Status != http.StatusCreated {
 			t.Fatalf("%s: %d %s", store, r.Status, r.Body)
 		}

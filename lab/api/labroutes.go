@@ -3,6 +3,7 @@ package api
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -26,20 +27,31 @@ const (
 	defaultWindowMS = 200  // expired fault
 )
 
+// chargeUnsafe runs the design that ignores the key.
 func (s *Server) chargeUnsafe(c echo.Context) error {
-	return s.labRun(c, lab.StoreUnsafe)
+	for _, v := range s.deps.Variants.All() {
+		if !v.RequiresKey {
+			return s.labRun(c, v.Name)
+		}
+	}
+	return fmt.Errorf("%w: no registered store ignores the key", lab.ErrStoreUnavailable)
 }
 
+// chargeIdempotent runs ?store=, a design that checks the key.
 func (s *Server) chargeIdempotent(c echo.Context) error {
-	store := cmp.Or(c.QueryParam("store"), lab.StoreMemory)
-	if store == lab.StoreUnsafe {
-		return lab.Invalid("store", "must be an idempotent store (memory, redis, postgres); /charge-unsafe runs unsafe")
+	name := cmp.Or(lab.StoreName(c.QueryParam("store")), s.cfg.DefaultStore)
+	v, ok := s.deps.Variants.Get(name)
+	if !ok {
+		return lab.Invalid("store", "must be one of %s (got %q)", s.storeList(), name)
 	}
-	return s.labRun(c, store)
+	if !v.RequiresKey {
+		return lab.Invalid("store", "must be an idempotent store; /charge-unsafe runs %s", name)
+	}
+	return s.labRun(c, name)
 }
 
 // labRun parses a run's parameters, fires it and answers its report.
-func (s *Server) labRun(c echo.Context, store string) error {
+func (s *Server) labRun(c echo.Context, store lab.StoreName) error {
 	spec, replicas, err := s.parseSpec(c, store)
 	if err != nil {
 		return err
@@ -53,7 +65,7 @@ func (s *Server) labRun(c echo.Context, store string) error {
 
 // Run fires one lab run on n replicas and records it in the history.
 func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (experiment.Report, error) {
-	if _, err := s.pickStore(spec.Store); err != nil {
+	if _, err := s.pickStore(string(spec.Store)); err != nil {
 		return experiment.Report{}, err
 	}
 	targets, err := s.deps.Cluster.Targets(ctx, replicas)
@@ -78,7 +90,7 @@ func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (e
 	return rep, nil
 }
 
-func (s *Server) parseSpec(c echo.Context, store string) (experiment.Spec, int, error) {
+func (s *Server) parseSpec(c echo.Context, store lab.StoreName) (experiment.Spec, int, error) {
 	q := c.QueryParam
 	spec := experiment.Spec{Store: store, Key: cmp.Or(q("key"), defaultKey), Account: cmp.Or(q("account"), defaultAccount), OrderID: q("order_id")}
 	if err := lab.ValidateKey(spec.Key); err != nil {
@@ -104,7 +116,7 @@ func (s *Server) parseSpec(c echo.Context, store string) (experiment.Spec, int, 
 	if spec.Token, err = s.tokenFor(q("tenant"), "tenant"); err != nil {
 		return spec, 0, err
 	}
-	switch spec.Scenario = cmp.Or(q("scenario"), experiment.ScenarioRetries); spec.Scenario {
+	switch spec.Scenario = cmp.Or(experiment.Scenario(q("scenario")), experiment.ScenarioRetries); spec.Scenario {
 	case experiment.ScenarioRetries, experiment.ScenarioReused:
 	case experiment.ScenarioTenants:
 		if spec.OtherToken, err = s.tokenFor(q("other_tenant"), "other_tenant"); err != nil {
@@ -134,11 +146,10 @@ func (s *Server) parseSpec(c echo.Context, store string) (experiment.Spec, int, 
 	if fault == "" {
 		return spec, int(replicas), nil
 	}
-	if !slices.Contains(lab.FaultNames, fault) {
-		return spec, 0, lab.Invalid("fault", "must be one of %s (got %q)", strings.Join(lab.FaultNames, ", "), fault)
+	if spec.Faults.Point, err = lab.ParseFaultPoint("fault", fault); err != nil {
+		return spec, 0, err
 	}
-	spec.Faults.Point = fault
-	switch fault {
+	switch spec.Faults.Point {
 	case lab.FaultSlow:
 		work, err := lab.ParseRange("work_ms", q("work_ms"), defaultWorkMS, 1, 60_000)
 		if err != nil {
@@ -210,13 +221,13 @@ func (s *Server) state(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	names := lab.StoreNames
+	names := s.deps.Variants.Names()
 	if name := c.QueryParam("store"); name != "" {
 		st, err := s.pickStore(name)
 		if err != nil {
 			return err
 		}
-		names = []string{st.Name()}
+		names = []lab.StoreName{st.Name()}
 	}
 	if key := c.QueryParam("key"); key != "" {
 		tenant, _, err := s.tenant(c.Request())
@@ -226,26 +237,35 @@ func (s *Server) state(c echo.Context) error {
 		if len(names) != 1 {
 			return lab.Invalid("store", "is required with key=")
 		}
-		state, err := s.deps.Stores[names[0]].Lookup(ctx, lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key})
-		if err != nil {
-			return err
+		state := lab.KeyAbsent // a store that keeps no keys never holds this one
+		if l, ok := s.deps.Stores[names[0]].(lab.KeyLooker); ok {
+			if state, err = l.Lookup(ctx, lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}); err != nil {
+				return err
+			}
 		}
 		return c.JSON(http.StatusOK, map[string]any{"store": names[0], "tenant": tenant, "key": key, "key_state": state})
 	}
-	stores := map[string]any{}
+	stores := map[lab.StoreName]any{}
 	for _, name := range names {
 		st, ok := s.deps.Stores[name]
 		if !ok {
 			continue
 		}
-		keys, total, err := st.Keys(ctx, int(limit))
-		if err != nil {
-			return err
+		keys, total := []lab.KeyState{}, 0
+		if l, ok := st.(lab.KeyLister); ok {
+			if keys, total, err = l.Keys(ctx, int(limit)); err != nil {
+				return err
+			}
 		}
 		if keys == nil {
 			keys = []lab.KeyState{}
 		}
-		stores[name] = map[string]any{"keys": keys, "total": total, "where": st.Describe()}
+		v, _ := s.deps.Variants.Get(name)
+		where := v.Keys
+		if d, ok := st.(lab.Describer); ok {
+			where = d.Describe()
+		}
+		stores[name] = map[string]any{"keys": keys, "total": total, "where": where}
 	}
 	balances := map[string]int64{}
 	account := cmp.Or(c.QueryParam("account"), defaultAccount)
@@ -315,16 +335,18 @@ func (s *Server) summary(c echo.Context) error {
 }
 
 // Matrix runs every store against every case, each cell a real run.
-func (s *Server) Matrix(ctx context.Context, progress func(done, total int, c experiment.Case, store string)) (experiment.Matrix, error) {
+func (s *Server) Matrix(ctx context.Context, progress func(done, total int, c experiment.Case, store lab.StoreName)) (experiment.Matrix, error) {
 	tokens := s.tokensByTenant()
 	if len(tokens) < 2 {
 		return experiment.Matrix{}, lab.Invalid("tenants", "the matrix needs two configured tenants")
 	}
 	return s.deps.Runner.RunMatrix(ctx, experiment.MatrixRequest{
-		Stores: lab.StoreNames,
-		Available: func(store string) bool {
-			_, ok := s.deps.Stores[store]
-			return ok
+		Stores: s.deps.Variants.Names(),
+		Unavailable: func(store lab.StoreName) string {
+			if _, ok := s.deps.Stores[store]; ok {
+				return ""
+			}
+			return cmp.Or(s.deps.Unavailable[store], "not available on this server")
 		},
 		Targets: s.deps.Cluster.Targets, Token: tokens[0][1], Other: tokens[1][1],
 		Account: defaultAccount, Amount: defaultAmount, Progress: progress,

@@ -16,7 +16,9 @@ type metrics struct {
 	claims, replays, reused, inProgress, charges, failures *prometheus.CounterVec
 }
 
-func newMetrics(reg *prometheus.Registry, outbox lab.Outbox) *metrics {
+func newMetrics(reg *prometheus.Registry, outbox interface {
+	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
+}) *metrics {
 	counter := func(name, help string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "lab", Name: name, Help: help}, []string{"store"})
 		reg.MustRegister(c)
@@ -45,7 +47,8 @@ func newMetrics(reg *prometheus.Registry, outbox lab.Outbox) *metrics {
 	return m
 }
 
-func (m *metrics) observe(store string, out lab.Outcome, err error) {
+func (m *metrics) observe(name lab.StoreName, out lab.Outcome, err error) {
+	store := string(name)
 	switch {
 	case errors.Is(err, lab.ErrKeyReused):
 		m.reused.WithLabelValues(store).Inc()

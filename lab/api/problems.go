@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"net/http"
@@ -13,9 +12,6 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 )
-
-// problemType prefixes every problem's type URI.
-const problemType = "https://idempotency.lab/problems/"
 
 // problemError is an error that already knows its problem.
 type problemError struct {
@@ -40,6 +36,9 @@ var (
 	errAdmin = problem(http.StatusUnauthorized, "admin_token_required", "Admin token required",
 		"send the admin token as Authorization: Bearer <token> or ?token=")
 )
+
+// problemJSON is the media type of every error body (RFC 9457).
+const problemJSON = "application/problem+json"
 
 // toProblem is the one table that turns errors into HTTP problems.
 func toProblem(err error) (*problemError, time.Duration) {
@@ -93,8 +92,6 @@ func writeProblem(c echo.Context, log *slog.Logger, err error) error {
 	if retryAfter > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(int(max(1, retryAfter.Round(time.Second).Seconds()))))
 	}
-	body, _ := json.Marshal(lab.Problem{
-		Type: problemType + p.code, Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param,
-	})
-	return c.Blob(p.status, "application/problem+json", body)
+	resp := lab.Problem{Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param}.Response()
+	return c.Blob(resp.Status, problemJSON, resp.Body)
 }

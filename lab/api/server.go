@@ -7,10 +7,8 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,19 +20,33 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/web"
 )
 
-// Config configures one replica's HTTP server.
+// Config configures one replica's HTTP server. Every field but BasePath and
+// AdminToken is required.
 type Config struct {
 	Replica       string            // name of this replica, e.g. "r1"
 	BasePath      string            // prefix such as "/16" when behind a hub; "" for none
 	Tenants       map[string]string // bearer token -> tenant id
 	AdminToken    string            // required by /reset-lab when set
 	FaultsEnabled bool              // accept the Lab-Fault header and fault= runs
-	DefaultStore  string            // store of POST /charges without ?store=
+	DefaultStore  lab.StoreName     // store of POST /charges without ?store=, and of /charge-idempotent
 	Window        time.Duration     // dedupe window, reported by the lab routes
 	Logger        *slog.Logger
+}
+
+// Books are the reports the API reads and the reset it performs.
+type Books interface {
+	Summary(ctx context.Context) ([]lab.StoreSummary, error)
+	Balance(ctx context.Context, tenant, account string) (int64, error)
+	Events(ctx context.Context, limit int) ([]lab.Event, error)
+	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
+	Receipts(ctx context.Context, run string) (unique, deliveries int, err error)
+	// Reset deletes every row the lab owns, and nothing else.
+	Reset(ctx context.Context) error
+	Kind() string
 }
 
 // Check reports whether one dependency answers.
@@ -56,9 +68,10 @@ type Cluster interface {
 
 // Deps are what the server works with.
 type Deps struct {
-	Books       lab.Books
-	Stores      map[string]lab.Store // configured stores
-	Unavailable map[string]string    // store -> how to enable it
+	Books       Books
+	Variants    *variant.Registry
+	Stores      map[lab.StoreName]lab.Store // this replica's stores, one per available variant
+	Unavailable map[lab.StoreName]string    // variant -> how to enable it
 	Checks      []Check
 	Runner      *experiment.Runner
 	Cluster     Cluster
@@ -80,12 +93,6 @@ const maxRunHistory = 100
 
 // New builds the server and its routes.
 func New(cfg Config, deps Deps) *Server {
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	if cfg.DefaultStore == "" {
-		cfg.DefaultStore = lab.StoreMemory
-	}
 	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica)}
 	reg := prometheus.NewRegistry()
 	s.metrics = newMetrics(reg, deps.Books)
@@ -130,12 +137,13 @@ func New(cfg Config, deps Deps) *Server {
 func (s *Server) Handler() http.Handler { return s.echo }
 
 // pickStore resolves ?store=.
-func (s *Server) pickStore(name string) (lab.Store, error) {
+func (s *Server) pickStore(raw string) (lab.Store, error) {
+	name := lab.StoreName(raw)
 	if name == "" {
 		name = s.cfg.DefaultStore
 	}
-	if !slices.Contains(lab.StoreNames, name) {
-		return nil, lab.Invalid("store", "must be one of %s (got %q)", strings.Join(lab.StoreNames, ", "), name)
+	if _, ok := s.deps.Variants.Get(name); !ok {
+		return nil, lab.Invalid("store", "must be one of %s (got %q)", s.storeList(), raw)
 	}
 	st, ok := s.deps.Stores[name]
 	if !ok {
@@ -146,6 +154,16 @@ func (s *Server) pickStore(name string) (lab.Store, error) {
 		return nil, fmt.Errorf("%w: store %q is not available: %s", lab.ErrStoreUnavailable, name, how)
 	}
 	return st, nil
+}
+
+// storeList names every registered store, for error messages.
+func (s *Server) storeList() string {
+	names := s.deps.Variants.Names()
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = string(n)
+	}
+	return strings.Join(out, ", ")
 }
 
 // tenant resolves the bearer token.
@@ -180,7 +198,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		if err := lab.ValidateKey(key); err != nil {
 			return err
 		}
-	} else if st.Name() != lab.StoreUnsafe {
+	} else if v, _ := s.deps.Variants.Get(st.Name()); v.RequiresKey {
 		return errKeyMissing
 	}
 	var faults lab.Faults
@@ -219,7 +237,7 @@ func (s *Server) postCharge(c echo.Context) error {
 	}
 	ct := echo.MIMEApplicationJSON
 	if out.Response.Status >= 400 {
-		ct = "application/problem+json"
+		ct = problemJSON
 	}
 	return c.Blob(out.Response.Status, ct, out.Response.Body)
 }
@@ -249,25 +267,25 @@ func (s *Server) index(c echo.Context) error {
 	if accept := c.Request().Header.Get("Accept"); strings.Contains(accept, "text/html") {
 		return c.HTMLBlob(http.StatusOK, web.Page(s.cfg.BasePath))
 	}
-	stores := map[string]any{}
-	for _, name := range lab.StoreNames {
-		if st, ok := s.deps.Stores[name]; ok {
-			stores[name] = map[string]any{"available": true, "keys": st.Describe()}
-		} else {
-			stores[name] = map[string]any{"available": false, "how_to_enable": s.deps.Unavailable[name]}
-		}
-	}
 	base := strings.TrimSuffix(s.cfg.BasePath, "/")
-	return c.JSON(http.StatusOK, map[string]any{
-		"lab":     "idempotency lab: why a retried charge is applied twice, and which designs stop it",
-		"replica": s.cfg.Replica,
-		"ledger":  s.deps.Books.Kind(),
-		"stores":  stores,
-		"faults":  map[string]any{"enabled": s.cfg.FaultsEnabled, "points": lab.FaultNames},
-		"routes": []string{
-			"POST " + base + "/charges?store=memory (Idempotency-Key, Authorization: Bearer <token>)",
+	variants := s.variantIndex()
+	byName := make(map[lab.StoreName]VariantIndex, len(variants))
+	for _, v := range variants {
+		byName[v.Name] = v
+	}
+	return c.JSON(http.StatusOK, Index{
+		Lab:          "idempotency lab: why a retried charge is applied twice, and which designs stop it",
+		Replica:      s.cfg.Replica,
+		Ledger:       s.deps.Books.Kind(),
+		DefaultStore: s.cfg.DefaultStore,
+		Variants:     variants,
+		Stores:       byName,
+		Faults:       FaultIndex{Enabled: s.cfg.FaultsEnabled, Points: lab.FaultSpecs()},
+		MaxReplicas:  s.deps.Cluster.MaxReplicas(),
+		Routes: []string{
+			"POST " + base + "/charges?store=" + string(s.cfg.DefaultStore) + " (Idempotency-Key, Authorization: Bearer <token>)",
 			"GET " + base + "/charge-unsafe?key=order-4711&account=acct-1&attempts=5&amount=2500",
-			"GET " + base + "/charge-idempotent?store=memory&key=order-4711&attempts=5&amount=2500&replicas=1&fault=",
+			"GET " + base + "/charge-idempotent?store=" + string(s.cfg.DefaultStore) + "&key=order-4711&attempts=5&amount=2500&replicas=1&fault=",
 			"GET " + base + "/idempotency/state?limit=20",
 			"GET " + base + "/outbox?limit=20",
 			"GET " + base + "/diagnostics/summary",
@@ -276,6 +294,54 @@ func (s *Server) index(c echo.Context) error {
 			"GET " + base + "/health", "GET " + base + "/ready", "GET " + base + "/metrics",
 		},
 	})
+}
+
+// Index is the JSON answer of GET /: what the page builds its controls from.
+type Index struct {
+	Lab          string         `json:"lab"`
+	Replica      string         `json:"replica"`
+	Ledger       string         `json:"ledger"`
+	DefaultStore lab.StoreName  `json:"default_store"`
+	Variants     []VariantIndex `json:"variants"`
+	// Stores is the same list keyed by name, as the index has always had it.
+	Stores      map[lab.StoreName]VariantIndex `json:"stores"`
+	Faults      FaultIndex                     `json:"faults"`
+	MaxReplicas int                            `json:"max_replicas"`
+	Routes      []string                       `json:"routes"`
+}
+
+// VariantIndex describes one registered variant and whether it runs here.
+type VariantIndex struct {
+	Name        lab.StoreName `json:"name"`
+	Label       string        `json:"label"`
+	Decides     string        `json:"decides"`
+	Keys        string        `json:"keys"`
+	RequiresKey bool          `json:"requires_key"`
+	Available   bool          `json:"available"`
+	HowToEnable string        `json:"how_to_enable,omitempty"`
+}
+
+// FaultIndex lists the faults and the run parameters each one takes.
+type FaultIndex struct {
+	Enabled bool            `json:"enabled"`
+	Points  []lab.FaultSpec `json:"points"`
+}
+
+func (s *Server) variantIndex() []VariantIndex {
+	var out []VariantIndex
+	for _, v := range s.deps.Variants.All() {
+		vi := VariantIndex{Name: v.Name, Label: v.Label, Decides: v.Decides, Keys: v.Keys, RequiresKey: v.RequiresKey}
+		if st, ok := s.deps.Stores[v.Name]; ok {
+			vi.Available = true
+			if d, ok := st.(lab.Describer); ok {
+				vi.Keys = d.Describe()
+			}
+		} else {
+			vi.HowToEnable = s.deps.Unavailable[v.Name]
+		}
+		out = append(out, vi)
+	}
+	return out
 }
 
 func (s *Server) requireAdmin(c echo.Context) error {
@@ -302,7 +368,11 @@ func (s *Server) requireFaults() error {
 // ResetLocal forgets this replica's keys.
 func (s *Server) ResetLocal(ctx context.Context) error {
 	for name, st := range s.deps.Stores {
-		if err := st.Reset(ctx); err != nil {
+		r, ok := st.(lab.Resetter)
+		if !ok {
+			continue // a store without keys has nothing to forget
+		}
+		if err := r.Reset(ctx); err != nil {
 			return fmt.Errorf("error resetting store %s: %w", name, err)
 		}
 	}
@@ -348,8 +418,10 @@ func (s *Server) restartStore(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := st.Restart(c.Request().Context()); err != nil {
-		return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
+	if r, ok := st.(lab.Restarter); ok { // a store without state has nothing to lose
+		if err := r.Restart(c.Request().Context()); err != nil {
+			return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
+		}
 	}
 	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica})
 }

@@ -1,16 +1,17 @@
-// Package app assembles the lab: the books (PostgreSQL or memory), the
-// stores of each replica, the HTTP servers, the outbox relay and the sweeper.
+// Package app assembles a lab from its configuration: the books (PostgreSQL
+// or memory), one store per registered variant on each replica, the HTTP
+// servers, the outbox relay and the sweeper. It knows no variant by name:
+// the designs come in through Config.Variants.
 package app
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -22,97 +23,46 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
+	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/lab/relay"
-	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/postgres"
-	"github.com/idempotency-lab/lab/variants/postgres/embedded"
-	"github.com/idempotency-lab/lab/variants/redis"
-	"github.com/idempotency-lab/lab/variants/unsafe"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
 
-// Config configures the lab. Every field's default is set by Defaults.
-type Config struct {
-	Addr          string            // listen address; default 127.0.0.1:8616
-	BasePath      string            // route prefix behind a hub, e.g. /16
-	Tenants       map[string]string // bearer token -> tenant; default two demo tenants
-	AdminToken    string            // required by /reset-lab when set
-	FaultsEnabled bool              // fault injection (on by default in the lab)
-	DefaultStore  string            // store of POST /charges without ?store=; default memory
-	Window        time.Duration     // dedupe window (key retention); default 24h
-	InFlightWait  time.Duration     // bounded wait for an in-flight twin; default 2s
-	ClaimTTL      time.Duration     // redis claim TTL; default 30s
-	SweepInterval time.Duration     // expired-key sweeper period; default 1m
-	MaxReplicas   int               // in-process replicas a run may use; default 8
-	Peers         []string          // base URLs of peer processes (cluster mode)
-	Replica       string            // this replica's name; default r1
-	DatabaseURL   string            // PostgreSQL; "" means none (or the embedded cluster)
-	PGSchema      string            // the lab's schema; default idempotency_lab
-	PGPoolSize    int32             // connections per replica pool; default 20
-	EmbedPostgres bool              // without DatabaseURL, start a throwaway cluster when PostgreSQL is installed
-	RedisURL      string            // Redis; "" means none (or the embedded one)
-	RedisPrefix   string            // namespace of the lab's Redis keys; default idempotency-lab:
-	EmbedRedis    bool              // without RedisURL, start an embedded Redis (miniredis)
-	Logger        *slog.Logger
-}
-
-// DemoTenants are the two tenants the README documents.
-func DemoTenants() map[string]string {
-	return map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"}
-}
-
-// Defaults fills unset fields.
-func (c *Config) Defaults() {
-	if c.Addr == "" {
-		c.Addr = "127.0.0.1:8616"
-	}
-	if len(c.Tenants) == 0 {
-		c.Tenants = DemoTenants()
-	}
-	if c.DefaultStore == "" {
-		c.DefaultStore = lab.StoreMemory
-	}
-	if c.Window <= 0 {
-		c.Window = 24 * time.Hour
-	}
-	if c.InFlightWait <= 0 {
-		c.InFlightWait = 2 * time.Second
-	}
-	if c.ClaimTTL <= 0 {
-		c.ClaimTTL = 30 * time.Second
-	}
-	if c.SweepInterval <= 0 {
-		c.SweepInterval = time.Minute
-	}
-	if c.MaxReplicas <= 0 {
-		c.MaxReplicas = 8
-	}
-	if c.Replica == "" {
-		c.Replica = "r1"
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+// Books is the shared ground truth every part of the lab reads or writes:
+// the ledger and outbox, and the provider's receipts.
+type Books interface {
+	lab.Ledger
+	lab.DirectSender
+	relay.Outbox
+	relay.Provider
+	api.Books
+	experiment.Books
 }
 
 // App is a running lab.
 type App struct {
 	cfg      Config
-	books    lab.Books
+	variants *variant.Registry
+	books    Books
 	client   *http.Client
 	runner   *experiment.Runner
 	instance string        // names this lab's database sessions
 	pool     *pgxpool.Pool // the books' pool, when PostgreSQL is configured
 	checks   []api.Check
-	closers  []func() // run in reverse order on Close
-	// unavailable says, per store, how to enable it.
-	unavailable map[string]string
-	redisWhere  string // "embedded" or the server address
+	// unavailable says, per variant whose needs are not met, how to enable it.
+	unavailable map[lab.StoreName]string
+	redisWhere  string // "embedded …" or "at REDIS_URL"
 
 	primary *replica
-	mu      sync.Mutex
-	extra   []*replica      // in-process replicas, started on demand
-	poolsMu sync.Mutex      // guards pools (a.mu is held while replicas start)
-	pools   []*pgxpool.Pool // every pool of this lab, books' first
+	growing sync.Mutex // serialises starting in-process replicas; held during their I/O
+
+	mu      sync.Mutex // guards what follows; never held during I/O
+	extra   []*replica // in-process replicas, started on demand
+	pools   []*pgxpool.Pool
+	closers []func() // run in reverse order on Close
 
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
@@ -122,7 +72,7 @@ type App struct {
 type replica struct {
 	name   string
 	server *api.Server
-	stores map[string]lab.Store
+	stores map[lab.StoreName]lab.Store
 	http   *http.Server
 	url    string
 	served chan error
@@ -130,19 +80,18 @@ type replica struct {
 
 // Start builds the lab and starts serving on cfg.Addr.
 func Start(ctx context.Context, cfg Config) (*App, error) {
-	cfg.Defaults()
-	if len(cfg.Peers) > 0 && cfg.DatabaseURL == "" {
-		return nil, errors.New("cluster mode (peers) needs a shared ledger: set DATABASE_URL to the PostgreSQL every replica uses; " +
-			"an embedded or in-memory ledger would give each process its own ground truth")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	reg, err := variant.NewRegistry(cfg.Variants...)
+	if err != nil {
+		return nil, err
 	}
 	if len(cfg.Peers) > 0 && cfg.RedisURL == "" {
 		cfg.EmbedRedis = false // an embedded Redis per process would not be shared; the redis store needs REDIS_URL
 	}
-	a := &App{cfg: cfg, books: memory.NewBooks(nil), instance: "idempotency-lab-" + uuid.NewString()[:8]}
-	a.unavailable = map[string]string{
-		lab.StoreRedis:    "set REDIS_URL (e.g. redis://127.0.0.1:6379/0), or run lab serve with the embedded Redis (the default)",
-		lab.StorePostgres: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",
-	}
+	a := &App{cfg: cfg, variants: reg, books: inmem.NewBooks(cfg.Clock), instance: "idempotency-lab-" + uuid.NewString()[:8],
+		unavailable: map[lab.StoreName]string{}}
 	if err := a.openBooks(ctx); err != nil {
 		a.closeAll()
 		return nil, err
@@ -151,29 +100,53 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		a.closeAll()
 		return nil, err
 	}
-	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128, MaxConnsPerHost: 0}, Timeout: 30 * time.Second}
-	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Tenants: cfg.Tenants, AdminToken: cfg.AdminToken}
+	for _, v := range reg.All() {
+		if how := a.missing(v); how != "" {
+			a.unavailable[v.Name] = how
+		}
+	}
+	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
+	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Tenants: cfg.Tenants,
+		AdminToken: cfg.AdminToken, Now: cfg.Clock}
+	rcfg := relay.Defaults()
+	rcfg.Outbox, rcfg.Provider, rcfg.Clock, rcfg.Logger = a.books, a.books, cfg.Clock, cfg.Logger
+	rl, err := relay.New(rcfg)
+	if err != nil {
+		a.closeAll()
+		return nil, err
+	}
 
-	bgCtx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
 	r, err := a.startReplica(ctx, cfg.Replica, cfg.Addr)
 	if err != nil {
-		cancel()
 		a.closeAll()
 		return nil, err
 	}
 	a.primary = r
-	rl := &relay.Relay{Outbox: a.books, Provider: a.books, Logger: cfg.Logger}
+	bgCtx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
 	a.bg.Go(func() { rl.Run(bgCtx) })
 	a.bg.Go(func() { a.sweep(bgCtx) })
 	return a, nil
+}
+
+// missing says how to enable v when one of its needs is not configured.
+func (a *App) missing(v variant.Variant) string {
+	for _, n := range v.Needs {
+		if (n == variant.NeedRedis && a.cfg.RedisURL == "") || (n == variant.NeedPostgres && a.pool == nil) {
+			if how := a.unavailable[v.Name]; how != "" {
+				return how
+			}
+			return v.HowToEnable
+		}
+	}
+	return ""
 }
 
 // URL is the primary replica's base URL (with the base path).
 func (a *App) URL() string { return a.primary.url + strings.TrimSuffix(a.cfg.BasePath, "/") }
 
 // Books exposes the ground truth, for tests and the matrix.
-func (a *App) Books() lab.Books { return a.books }
+func (a *App) Books() Books { return a.books }
 
 // Server is the primary replica's server.
 func (a *App) Server() *api.Server { return a.primary.server }
@@ -181,24 +154,27 @@ func (a *App) Server() *api.Server { return a.primary.server }
 // Served reports when the primary server stops on its own.
 func (a *App) Served() <-chan error { return a.primary.served }
 
+// addCloser registers a release for Close.
+func (a *App) addCloser(f func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closers = append(a.closers, f)
+}
+
 func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, error) {
-	stores := map[string]lab.Store{
-		lab.StoreUnsafe: unsafe.New(a.books, a.books, nil),
-		lab.StoreMemory: memory.New(memory.Config{Ledger: a.books, Window: a.cfg.Window, Wait: a.cfg.InFlightWait}),
+	deps := variant.Deps{
+		Ledger: a.books, Sender: a.books, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
+		Window: a.cfg.Window, Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL,
+		RedisPrefix: a.cfg.RedisPrefix, RedisWhere: a.redisWhere, AppName: a.instance, ResetPools: a.resetPools,
 	}
-	unavailable := maps.Clone(a.unavailable)
 	if a.cfg.RedisURL != "" {
 		opts, err := goredis.ParseURL(a.cfg.RedisURL)
 		if err != nil {
 			return nil, fmt.Errorf("error parsing REDIS_URL: %w", err)
 		}
 		client := goredis.NewClient(opts) // each replica its own client, as a separate process would
-		a.closers = append(a.closers, func() { _ = client.Close() })
-		stores[lab.StoreRedis] = redis.New(redis.Config{
-			Client: client, Ledger: a.books, Prefix: a.cfg.RedisPrefix, Window: a.cfg.Window,
-			Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL, Where: a.redisWhere,
-		})
-		delete(unavailable, lab.StoreRedis)
+		a.addCloser(func() { _ = client.Close() })
+		deps.Redis = client
 	}
 	if a.pool != nil {
 		// Each replica has its own pool, as a separate process would.
@@ -206,19 +182,28 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 		if err != nil {
 			return nil, err
 		}
-		a.closers = append(a.closers, pool.Close)
-		a.poolsMu.Lock()
+		a.addCloser(pool.Close)
+		a.mu.Lock()
 		a.pools = append(a.pools, pool)
-		a.poolsMu.Unlock()
-		stores[lab.StorePostgres] = postgres.NewStore(postgres.StoreConfig{
-			Pool: pool, Window: a.cfg.Window, Wait: a.cfg.InFlightWait, AppName: a.instance, ResetPools: a.resetPools,
-		})
-		delete(unavailable, lab.StorePostgres)
+		a.mu.Unlock()
+		deps.Postgres = pool
+	}
+	stores := map[lab.StoreName]lab.Store{}
+	for _, v := range a.variants.All() {
+		if _, off := a.unavailable[v.Name]; off {
+			continue
+		}
+		st, err := v.Open(ctx, deps)
+		if err != nil {
+			return nil, fmt.Errorf("error opening store %s: %w", v.Name, err)
+		}
+		stores[v.Name] = st
 	}
 	srv := api.New(api.Config{
 		Replica: name, BasePath: a.cfg.BasePath, Tenants: a.cfg.Tenants, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Logger: a.cfg.Logger,
-	}, api.Deps{Books: a.books, Stores: stores, Unavailable: unavailable, Checks: a.checks, Runner: a.runner, Cluster: a})
+	}, api.Deps{Books: a.books, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
+		Checks: a.checks, Runner: a.runner, Cluster: a})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
@@ -254,16 +239,18 @@ func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
 		}
 		return append(urls, a.cfg.Peers[:n-1]...), nil
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for len(a.extra) < n-1 {
-		r, err := a.startReplica(ctx, fmt.Sprintf("r%d", len(a.extra)+2), "127.0.0.1:0")
+	a.growing.Lock()
+	defer a.growing.Unlock()
+	for have := len(a.replicas()) - 1; have < n-1; have++ {
+		r, err := a.startReplica(ctx, fmt.Sprintf("r%d", have+2), "127.0.0.1:0")
 		if err != nil {
 			return nil, err
 		}
+		a.mu.Lock()
 		a.extra = append(a.extra, r)
+		a.mu.Unlock()
 	}
-	for _, r := range a.extra[:n-1] {
+	for _, r := range a.replicas()[1:n] {
 		urls = append(urls, r.url+base)
 	}
 	return urls, nil
@@ -279,10 +266,7 @@ func (a *App) MaxReplicas() int {
 
 // ResetPeers makes the other replicas forget their keys.
 func (a *App) ResetPeers(ctx context.Context, adminToken string) error {
-	a.mu.Lock()
-	extra := append([]*replica(nil), a.extra...)
-	a.mu.Unlock()
-	for _, r := range extra {
+	for _, r := range a.replicas()[1:] {
 		if err := r.server.ResetLocal(ctx); err != nil {
 			return err
 		}
@@ -290,7 +274,7 @@ func (a *App) ResetPeers(ctx context.Context, adminToken string) error {
 	for _, peer := range a.cfg.Peers {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+"/reset-lab?scope=local", nil)
 		if err != nil {
-			return err
+			return fmt.Errorf("error building the reset of peer %s: %w", peer, err)
 		}
 		if adminToken != "" {
 			req.Header.Set("Authorization", "Bearer "+adminToken)
@@ -325,7 +309,11 @@ func (a *App) sweep(ctx context.Context) {
 		}
 		for _, r := range a.replicas() {
 			for name, st := range r.stores {
-				n, err := st.Sweep(ctx)
+				sw, ok := st.(lab.Sweeper)
+				if !ok {
+					continue
+				}
+				n, err := sw.Sweep(ctx)
 				if err != nil {
 					a.cfg.Logger.Warn("sweep failed", "replica", r.name, "store", name, "err", err)
 				} else if n > 0 {
@@ -354,19 +342,23 @@ func (a *App) Close(ctx context.Context) error {
 // resetPools drops every pool's connections, after store_restart killed
 // this lab's database sessions.
 func (a *App) resetPools() {
-	a.poolsMu.Lock()
-	defer a.poolsMu.Unlock()
-	for _, p := range a.pools {
+	a.mu.Lock()
+	pools := append([]*pgxpool.Pool(nil), a.pools...)
+	a.mu.Unlock()
+	for _, p := range pools {
 		p.Reset()
 	}
 }
 
 // closeAll releases pools and embedded services, newest first.
 func (a *App) closeAll() {
-	for i := len(a.closers) - 1; i >= 0; i-- {
-		a.closers[i]()
-	}
+	a.mu.Lock()
+	closers := a.closers
 	a.closers = nil
+	a.mu.Unlock()
+	for i := len(closers) - 1; i >= 0; i-- {
+		closers[i]()
+	}
 }
 
 // openBooks moves the ledger and outbox to PostgreSQL when it is configured,
@@ -374,17 +366,21 @@ func (a *App) closeAll() {
 func (a *App) openBooks(ctx context.Context) error {
 	where := "DATABASE_URL"
 	if a.cfg.DatabaseURL == "" && a.cfg.EmbedPostgres {
-		if _, err := embedded.Find(); err != nil {
+		if _, err := throwaway.Find(); err != nil {
 			a.cfg.Logger.Info("postgres store unavailable: no DATABASE_URL and no PostgreSQL server installed", "why", err)
 			return nil
 		}
-		cluster, err := embedded.Start(ctx, a.cfg.Logger)
+		cluster, err := throwaway.Start(ctx, a.cfg.Logger)
 		if err != nil {
 			a.cfg.Logger.Warn("postgres store unavailable: the throwaway cluster did not start", "err", err)
-			a.unavailable[lab.StorePostgres] = "the throwaway cluster did not start (" + err.Error() + "); set DATABASE_URL"
+			for _, v := range a.variants.All() {
+				if slices.Contains(v.Needs, variant.NeedPostgres) {
+					a.unavailable[v.Name] = "the throwaway cluster did not start (" + err.Error() + "); set DATABASE_URL"
+				}
+			}
 			return nil
 		}
-		a.closers = append(a.closers, func() {
+		a.addCloser(func() {
 			if err := cluster.Close(); err != nil {
 				a.cfg.Logger.Warn("stopping the throwaway cluster", "err", err)
 			}
@@ -400,10 +396,12 @@ func (a *App) openBooks(ctx context.Context) error {
 		return err
 	}
 	a.pool = pool
+	a.mu.Lock()
 	a.pools = append(a.pools, pool)
-	a.closers = append(a.closers, pool.Close)
-	a.books = postgres.NewBooks(pool)
-	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: where + ": ledger, outbox and postgres store (schema " + a.schema() + ")", Ping: pool.Ping})
+	a.mu.Unlock()
+	a.addCloser(pool.Close)
+	a.books = pgdb.NewBooks(pool, a.cfg.Clock)
+	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: where + ": ledger, outbox and postgres store (schema " + a.cfg.PGSchema + ")", Ping: pool.Ping})
 	return nil
 }
 
@@ -411,11 +409,11 @@ func (a *App) openBooks(ctx context.Context) error {
 func (a *App) openRedis(ctx context.Context) error {
 	a.redisWhere = "at REDIS_URL"
 	if a.cfg.RedisURL == "" && a.cfg.EmbedRedis {
-		e, err := redis.StartEmbedded()
+		e, err := redisdb.StartEmbedded()
 		if err != nil {
 			return err
 		}
-		a.closers = append(a.closers, e.Close)
+		a.addCloser(e.Close)
 		a.cfg.RedisURL, a.redisWhere = e.URL(), "embedded (miniredis, in this process, TTLs on the wall clock)"
 	}
 	if a.cfg.RedisURL == "" {
@@ -426,7 +424,7 @@ func (a *App) openRedis(ctx context.Context) error {
 		return fmt.Errorf("error parsing REDIS_URL: %w", err)
 	}
 	client := goredis.NewClient(opts)
-	a.closers = append(a.closers, func() { _ = client.Close() })
+	a.addCloser(func() { _ = client.Close() })
 	if err := client.Ping(ctx).Err(); err != nil {
 		return fmt.Errorf("error connecting to Redis at %s: %w", opts.Addr, err)
 	}
@@ -435,10 +433,8 @@ func (a *App) openRedis(ctx context.Context) error {
 	return nil
 }
 
-func (a *App) schema() string { return cmp.Or(a.cfg.PGSchema, postgres.DefaultSchema) }
-
 func (a *App) openPool(ctx context.Context, migrate bool) (*pgxpool.Pool, error) {
-	return postgres.Open(ctx, postgres.PoolConfig{
-		URL: a.cfg.DatabaseURL, Schema: a.schema(), Size: a.cfg.PGPoolSize, AppName: a.instance, Migrate: migrate,
+	return pgdb.Open(ctx, pgdb.PoolConfig{
+		URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema, Size: int32(a.cfg.PGPoolSize), AppName: a.instance, Migrate: migrate,
 	})
 }

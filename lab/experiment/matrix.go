@@ -19,46 +19,49 @@ type Case struct {
 	Title    string     `json:"title"`
 	Attempts int        `json:"attempts"`
 	Replicas int        `json:"replicas"`
-	Scenario string     `json:"scenario"`
+	Scenario Scenario   `json:"scenario"`
 	Faults   lab.Faults `json:"faults"`
 	OrderID  bool       `json:"order_id"`
 }
 
 // Cases are the matrix's scenarios: the lesson of the brief, row by row.
-var Cases = []Case{
-	{Name: "retries", Title: "8 concurrent retries, 1 replica", Attempts: 8, Replicas: 1},
-	{Name: "replicas", Title: "9 concurrent retries over 3 replicas", Attempts: 9, Replicas: 3},
-	{Name: "slow_short_ttl", Title: "work 300 ms, claim TTL 100 ms", Attempts: 4, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}},
-	{Name: "slow_long_ttl", Title: "work 100 ms, claim TTL 1 s", Attempts: 4, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultSlow, Work: 100 * time.Millisecond, ClaimTTL: time.Second}},
-	{Name: "crash_after_claim", Title: "crash after the claim, then retries", Attempts: 3, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}},
-	{Name: "crash_after_charge", Title: "crash after the charge (lost response), then retries", Attempts: 3, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultCrashAfterCharge, ClaimTTL: 300 * time.Millisecond}},
-	{Name: "outbox_fail", Title: "the outbox write fails, then retries", Attempts: 3, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultOutboxFail, ClaimTTL: 300 * time.Millisecond}},
-	{Name: "store_restart", Title: "the store restarts between charge and retry", Attempts: 3, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultStoreRestart}},
-	{Name: "expired", Title: "retry after the retention window", Attempts: 2, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}},
-	{Name: "expired_order_id", Title: "retry after the window, with an order id", Attempts: 2, Replicas: 1,
-		Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, OrderID: true},
-	{Name: "reused", Title: "same key, another amount", Attempts: 3, Replicas: 1, Scenario: ScenarioReused},
-	{Name: "tenants", Title: "two tenants, one key", Attempts: 4, Replicas: 1, Scenario: ScenarioTenants},
+func Cases() []Case {
+	return []Case{
+		{Name: "retries", Title: "8 concurrent retries, 1 replica", Attempts: 8, Replicas: 1},
+		{Name: "replicas", Title: "9 concurrent retries over 3 replicas", Attempts: 9, Replicas: 3},
+		{Name: "slow_short_ttl", Title: "work 300 ms, claim TTL 100 ms", Attempts: 4, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}},
+		{Name: "slow_long_ttl", Title: "work 100 ms, claim TTL 1 s", Attempts: 4, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultSlow, Work: 100 * time.Millisecond, ClaimTTL: time.Second}},
+		{Name: "crash_after_claim", Title: "crash after the claim, then retries", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}},
+		{Name: "crash_after_charge", Title: "crash after the charge (lost response), then retries", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultCrashAfterCharge, ClaimTTL: 300 * time.Millisecond}},
+		{Name: "outbox_fail", Title: "the outbox write fails, then retries", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultOutboxFail, ClaimTTL: 300 * time.Millisecond}},
+		{Name: "store_restart", Title: "the store restarts between charge and retry", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultStoreRestart}},
+		{Name: "expired", Title: "retry after the retention window", Attempts: 2, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}},
+		{Name: "expired_order_id", Title: "retry after the window, with an order id", Attempts: 2, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, OrderID: true},
+		{Name: "reused", Title: "same key, another amount", Attempts: 3, Replicas: 1, Scenario: ScenarioReused},
+		{Name: "tenants", Title: "two tenants, one key", Attempts: 4, Replicas: 1, Scenario: ScenarioTenants},
+	}
 }
 
 // Cell is one (case, store) result.
 type Cell struct {
-	Store           string `json:"store"`
-	Available       bool   `json:"available"`
-	ExpectedCharges int    `json:"expected_charges"`
-	Charges         int    `json:"charges"`
-	Verdict         string `json:"verdict"`
-	ExpectedVerdict string `json:"expected_verdict"`
-	Explanation     string `json:"explanation"`
-	Note            string `json:"note,omitempty"`
-	RunID           string `json:"run_id,omitempty"`
+	Store           lab.StoreName `json:"store"`
+	Available       bool          `json:"available"`
+	HowToEnable     string        `json:"how_to_enable,omitempty"`
+	ExpectedCharges int           `json:"expected_charges"`
+	Charges         int           `json:"charges"`
+	Verdict         lab.Verdict   `json:"verdict"`
+	ExpectedVerdict lab.Verdict   `json:"expected_verdict"`
+	Explanation     string        `json:"explanation"`
+	Note            string        `json:"note,omitempty"`
+	RunID           string        `json:"run_id,omitempty"`
 }
 
 // Row is one case across the stores.
@@ -69,34 +72,37 @@ type Row struct {
 
 // Matrix is every store against every case.
 type Matrix struct {
-	Stores []string      `json:"stores"`
-	Rows   []Row         `json:"rows"`
-	WallMS float64       `json:"wall_ms"`
-	took   time.Duration // for the text formats
+	Stores []lab.StoreName `json:"stores"`
+	Rows   []Row           `json:"rows"`
+	WallMS float64         `json:"wall_ms"`
+	took   time.Duration   // for the text formats
 }
 
 // MatrixRequest says what to run.
 type MatrixRequest struct {
-	Stores    []string // in column order; unavailable ones are reported, not run
-	Available func(store string) bool
-	Targets   func(ctx context.Context, n int) ([]string, error)
-	Token     string // first tenant
-	Other     string // second tenant
-	Account   string
-	Amount    int64
-	Progress  func(done, total int, c Case, store string)
+	Stores []lab.StoreName // in column order; unavailable ones are reported, not run
+	// Unavailable says how to enable a store that cannot run here, "" when it can.
+	Unavailable func(store lab.StoreName) string
+	Targets     func(ctx context.Context, n int) ([]string, error)
+	Token       string // first tenant
+	Other       string // second tenant
+	Account     string
+	Amount      int64
+	Progress    func(done, total int, c Case, store lab.StoreName)
 }
 
 // RunMatrix runs every case on every available store, each on fresh keys.
 func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, error) {
 	start := time.Now()
 	m := Matrix{Stores: req.Stores}
-	total, done := len(Cases)*len(req.Stores), 0
+	cases := Cases()
+	total, done := len(cases)*len(req.Stores), 0
 	batch := uuid.NewString()[:8]
-	for _, c := range Cases {
+	for _, c := range cases {
 		row := Row{Case: c}
 		for _, store := range req.Stores {
-			cell := Cell{Store: store, Available: req.Available(store)}
+			how := req.Unavailable(store)
+			cell := Cell{Store: store, Available: how == "", HowToEnable: how}
 			if cell.Available {
 				rep, err := r.runCase(ctx, req, c, store, batch)
 				if err != nil {
@@ -119,7 +125,7 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 	return m, nil
 }
 
-func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store, batch string) (Report, error) {
+func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store lab.StoreName, batch string) (Report, error) {
 	key := fmt.Sprintf("matrix-%s-%s-%s", batch, c.Name, store)
 	spec := Spec{
 		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount,
@@ -154,7 +160,7 @@ func (m Matrix) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("| case | expected charges |")
 	for _, s := range m.Stores {
-		b.WriteString(" `" + s + "` |")
+		b.WriteString(" `" + string(s) + "` |")
 	}
 	b.WriteString("\n|---|---|" + strings.Repeat("---|", len(m.Stores)) + "\n")
 	for _, row := range m.Rows {
@@ -163,9 +169,9 @@ func (m Matrix) WriteMarkdown(w io.Writer) error {
 			switch {
 			case !c.Available:
 				b.WriteString(" n/a |")
-			case c.Verdict == Holds:
+			case c.Verdict == lab.Holds:
 				b.WriteString(" holds |")
-			case c.Verdict == Inconclusive:
+			case c.Verdict == lab.Inconclusive:
 				b.WriteString(" inconclusive |")
 			default:
 				b.WriteString(" **breaks** |")
@@ -189,7 +195,7 @@ func (m Matrix) WriteTable(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%-52s", "case (charges in the ledger / expected)")
 	for _, s := range m.Stores {
-		fmt.Fprintf(&b, " %-14s", s)
+		fmt.Fprintf(&b, " %-14s", string(s))
 	}
 	b.WriteString("\n")
 	for _, row := range m.Rows {
@@ -197,7 +203,7 @@ func (m Matrix) WriteTable(w io.Writer) error {
 		for _, c := range row.Cells {
 			cell := "n/a"
 			if c.Available {
-				cell = fmt.Sprintf("%s %d/%d", c.Verdict, c.Charges, c.ExpectedCharges)
+				cell = fmt.Sprintf("%s %d/%d", string(c.Verdict), c.Charges, c.ExpectedCharges)
 			}
 			fmt.Fprintf(&b, " %-14s", cell)
 		}

@@ -14,19 +14,23 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
+
+// Scenario is the shape of a run's attempts.
+type Scenario string
 
 // Scenarios besides a plain retry storm.
 const (
-	ScenarioRetries = "retries" // N identical attempts
-	ScenarioReused  = "reused"  // the same key with another amount
-	ScenarioTenants = "tenants" // two tenants, one key
+	ScenarioRetries Scenario = "retries" // N identical attempts
+	ScenarioReused  Scenario = "reused"  // the same key with another amount
+	ScenarioTenants Scenario = "tenants" // two tenants, one key
 )
 
 // Spec describes one lab run.
 type Spec struct {
-	Store       string
-	Scenario    string
+	Store       lab.StoreName
+	Scenario    Scenario
 	Key         string
 	Account     string
 	AmountCents int64
@@ -37,65 +41,67 @@ type Spec struct {
 	Faults      lab.Faults
 }
 
+// Books are the figures a run is judged by: the ledger and the outbox.
+type Books interface {
+	RunStats(ctx context.Context, run string) (lab.RunStats, error)
+	// KeyCharges tallies the charges one store made under one tenant's key.
+	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
+	Balance(ctx context.Context, tenant, account string) (int64, error)
+	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
+}
+
 // Runner sends runs to real servers and reads their outcome from the books.
+// Every field is required but AdminToken.
 type Runner struct {
 	Client     *http.Client
-	Books      lab.Books
+	Books      Books
+	Variants   *variant.Registry
 	Tenants    map[string]string // bearer token -> tenant
 	AdminToken string            // for the replicas' /lab/restart-store, when they require one
-	Now        func() time.Time
+	Now        lab.Clock
 }
 
 // Report is one run's row: the ledger's figures, the verdict and why.
 type Report struct {
-	RunID               string    `json:"run_id"`
-	Store               string    `json:"store"`
-	Scenario            string    `json:"scenario"`
-	Fault               string    `json:"fault,omitempty"`
-	Key                 string    `json:"key"`
-	Account             string    `json:"account"`
-	Tenant              string    `json:"tenant"`
-	Attempts            int       `json:"attempts"`
-	Replicas            int       `json:"replicas"`
-	AmountCents         int64     `json:"amount_cents"`
-	ExpectedCharges     int       `json:"expected_charges"`
-	ChargesApplied      int       `json:"charges_applied"`
-	KeyCharges          int       `json:"key_charges"`
-	DuplicatesPrevented int       `json:"duplicates_prevented"`
-	DuplicatesApplied   int       `json:"duplicates_applied"`
-	IdempotencyHits     int       `json:"idempotency_hits"`
-	Rejections          int       `json:"rejections"`
-	InProgress          int       `json:"in_progress"`
-	Dropped             int       `json:"dropped_connections"`
-	BalanceCents        int64     `json:"balance_cents"`
-	OverchargedCents    int64     `json:"overcharged_cents"`
-	SideEffectsEmitted  int       `json:"side_effects_emitted"`
-	SideEffectTransport string    `json:"side_effect_transport"`
-	ReceiptsMissing     int       `json:"receipts_missing"`
-	OutboxPending       int       `json:"outbox_pending"`
-	OutboxDelivered     int       `json:"outbox_delivered"`
-	KeyAfterFault       string    `json:"key_after_fault,omitempty"`
-	LookupOverheadMS    float64   `json:"lookup_overhead_ms"`
-	DedupeWindowMS      int64     `json:"dedupe_window_ms,omitempty"`
-	BarrierSpreadMS     float64   `json:"barrier_spread_ms"`
-	WallMS              float64   `json:"wall_ms"`
-	Verdict             string    `json:"verdict"`
-	ExpectedVerdict     string    `json:"expected_verdict"`
-	Reason              string    `json:"reason"`
-	Explanation         string    `json:"explanation"`
-	Note                string    `json:"note"`
-	Timeline            []Result  `json:"timeline"`
-	StartedAt           time.Time `json:"started_at"`
+	RunID               string         `json:"run_id"`
+	Store               lab.StoreName  `json:"store"`
+	Scenario            Scenario       `json:"scenario"`
+	Fault               lab.FaultPoint `json:"fault,omitempty"`
+	Key                 string         `json:"key"`
+	Account             string         `json:"account"`
+	Tenant              string         `json:"tenant"`
+	Attempts            int            `json:"attempts"`
+	Replicas            int            `json:"replicas"`
+	AmountCents         int64          `json:"amount_cents"`
+	ExpectedCharges     int            `json:"expected_charges"`
+	ChargesApplied      int            `json:"charges_applied"`
+	KeyCharges          int            `json:"key_charges"`
+	DuplicatesPrevented int            `json:"duplicates_prevented"`
+	DuplicatesApplied   int            `json:"duplicates_applied"`
+	IdempotencyHits     int            `json:"idempotency_hits"`
+	Rejections          int            `json:"rejections"`
+	InProgress          int            `json:"in_progress"`
+	Dropped             int            `json:"dropped_connections"`
+	BalanceCents        int64          `json:"balance_cents"`
+	OverchargedCents    int64          `json:"overcharged_cents"`
+	SideEffectsEmitted  int            `json:"side_effects_emitted"`
+	SideEffectTransport string         `json:"side_effect_transport"`
+	ReceiptsMissing     int            `json:"receipts_missing"`
+	OutboxPending       int            `json:"outbox_pending"`
+	OutboxDelivered     int            `json:"outbox_delivered"`
+	KeyAfterFault       string         `json:"key_after_fault,omitempty"`
+	LookupOverheadMS    float64        `json:"lookup_overhead_ms"`
+	DedupeWindowMS      int64          `json:"dedupe_window_ms,omitempty"`
+	BarrierSpreadMS     float64        `json:"barrier_spread_ms"`
+	WallMS              float64        `json:"wall_ms"`
+	Verdict             lab.Verdict    `json:"verdict"`
+	ExpectedVerdict     lab.Verdict    `json:"expected_verdict"`
+	Reason              string         `json:"reason"`
+	Explanation         string         `json:"explanation"`
+	Note                string         `json:"note"`
+	Timeline            []Result       `json:"timeline"`
+	StartedAt           time.Time      `json:"started_at"`
 }
-
-// Verdicts.
-const (
-	Holds  = "holds"
-	Breaks = "breaks"
-	// Inconclusive: some attempts got no usable answer, so the ledger's
-	// count cannot be read as the store's doing.
-	Inconclusive = "inconclusive"
-)
 
 // Run executes spec against targets (one base URL per replica; attempts go
 // round-robin over them) and reads the result from the books.
@@ -113,14 +119,15 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if spec.Scenario != ScenarioRetries && spec.Attempts < 2 {
 		return Report{}, lab.Invalid("attempts", "must be at least 2 in scenario %s", spec.Scenario)
 	}
+	v, ok := r.Variants.Get(spec.Store)
+	if !ok {
+		return Report{}, lab.Invalid("store", "unknown store %q", spec.Store)
+	}
 	rep := Report{
 		RunID: "run_" + uuid.NewString(), Store: spec.Store, Scenario: spec.Scenario, Fault: spec.Faults.Point,
 		Key: spec.Key, Account: spec.Account, Tenant: tenant, Attempts: spec.Attempts, Replicas: len(targets),
-		AmountCents: spec.AmountCents, ExpectedCharges: 1, StartedAt: r.now().UTC(),
-		SideEffectTransport: "outbox", DedupeWindowMS: spec.Faults.Retention.Milliseconds(),
-	}
-	if spec.Store == lab.StoreUnsafe {
-		rep.SideEffectTransport = "direct"
+		AmountCents: spec.AmountCents, ExpectedCharges: 1, StartedAt: r.Now().UTC(),
+		SideEffectTransport: v.Effects, DedupeWindowMS: spec.Faults.Retention.Milliseconds(),
 	}
 	tenants := []string{tenant}
 	if spec.Scenario == ScenarioTenants {
@@ -172,11 +179,8 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 			}
 		}
 	case lab.FaultExpired:
-		wait := spec.Faults.Retention + 50*time.Millisecond
-		select {
-		case <-time.After(wait):
-		case <-ctx.Done():
-			return nil, 0, ctx.Err()
+		if err := lab.Sleep(ctx, spec.Faults.Retention+50*time.Millisecond); err != nil {
+			return nil, 0, err
 		}
 	}
 	if spec.Faults.Point != "" {
@@ -218,13 +222,13 @@ func (r *Runner) request(spec Spec, target, run string, i int) Request {
 		h.Set(lab.FaultHeader, f)
 	}
 	body, _ := json.Marshal(lab.ChargeRequest{Account: spec.Account, AmountCents: amount, Currency: lab.DefaultCurrency, OrderID: spec.OrderID})
-	return Request{URL: target + "/charges?store=" + url.QueryEscape(spec.Store), Header: h, Body: body}
+	return Request{URL: target + "/charges?store=" + url.QueryEscape(string(spec.Store)), Header: h, Body: body}
 }
 
-func (r *Runner) restartStore(ctx context.Context, target, store string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/lab/restart-store?store="+url.QueryEscape(store), nil)
+func (r *Runner) restartStore(ctx context.Context, target string, store lab.StoreName) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/lab/restart-store?store="+url.QueryEscape(string(store)), nil)
 	if err != nil {
-		return err
+		return fmt.Errorf("error building the restart request: %w", err)
 	}
 	if r.AdminToken != "" {
 		req.Header.Set("Authorization", "Bearer "+r.AdminToken)
@@ -241,10 +245,10 @@ func (r *Runner) restartStore(ctx context.Context, target, store string) error {
 }
 
 func (r *Runner) keyState(ctx context.Context, target string, spec Spec) (string, error) {
-	u := target + "/idempotency/state?store=" + url.QueryEscape(spec.Store) + "&key=" + url.QueryEscape(spec.Key)
+	u := target + "/idempotency/state?store=" + url.QueryEscape(string(spec.Store)) + "&key=" + url.QueryEscape(spec.Key)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("error building the key state request: %w", err)
 	}
 	req.Header.Set("Authorization", "Bearer "+spec.Token)
 	resp, err := r.Client.Do(req)
@@ -367,31 +371,31 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	}
 	rep.LookupOverheadMS = median(replayLatencies)
 
-	rep.ExpectedVerdict = Expected(spec, rep.Replicas)
+	rep.ExpectedVerdict = r.expected(spec, rep.Replicas)
 	switch {
 	case len(unanswered) > 0:
 		// Without answers the ledger's count says nothing about the store.
-		rep.Verdict = Inconclusive
+		rep.Verdict = lab.Inconclusive
 		rep.Reason = fmt.Sprintf("%d attempt(s) got no usable answer (%s); the ledger holds %d charge(s) for this key",
 			len(unanswered), strings.Join(unanswered, "; "), rep.KeyCharges)
-		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
 	case spec.Faults.Point != "" && before.charges() > 0:
-		rep.Verdict = Inconclusive
+		rep.Verdict = lab.Inconclusive
 		rep.Reason = fmt.Sprintf("the key already had %d charge(s) before the run, so the %s fault had nothing to act on: use a fresh key",
 			before.charges(), spec.Faults.Point)
-		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
 	case after.charges() == 0:
-		rep.Verdict = Inconclusive
+		rep.Verdict = lab.Inconclusive
 		rep.Reason = "no charge was applied at all, so the run shows no duplicate to prevent"
-		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
 	default:
 		// A run is judged by what it added to the ledger, not by the key's past.
-		rep.Verdict = Holds
+		rep.Verdict = lab.Holds
 		if rep.DuplicatesApplied > 0 {
-			rep.Verdict = Breaks
+			rep.Verdict = lab.Breaks
 		}
 		rep.Reason = reason(spec, rep)
-		rep.Explanation = Explain(spec, rep.Replicas, rep.Verdict)
+		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
 		if before.charges() > 0 && stats.Charges > 0 {
 			// A store that knew the key would have replayed: whoever served
 			// this run did not (another replica's map behind a front, a
@@ -452,13 +456,6 @@ func median(xs []float64) float64 {
 	xs = slices.Clone(xs)
 	sort.Float64s(xs)
 	return xs[len(xs)/2]
-}
-
-func (r *Runner) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
-	}
-	return time.Now()
 }
 
 func problemCode(body []byte) string {

@@ -9,16 +9,34 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
-	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
+
+// keyed is a registry with one design that checks keys; the runner only
+// reads its declaration.
+func keyed(t *testing.T) *variant.Registry {
+	t.Helper()
+	reg, err := variant.NewRegistry(variant.Variant{
+		Name: "keyed", RequiresKey: true, Effects: "outbox",
+		Open: func(context.Context, variant.Deps) (lab.Store, error) { return nil, nil },
+		Mechanisms: map[variant.Case]variant.Mechanism{
+			variant.CaseRetries: {Usual: lab.Holds, Holds: "it holds", Breaks: "it breaks"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reg
+}
 
 // TestUnansweredRunIsInconclusive: when the attempts get no usable answer
 // the run claims no verdict, even though the ledger's count (one earlier
 // charge for the key) would read as "holds".
 func TestUnansweredRunIsInconclusive(t *testing.T) {
-	books := memory.NewBooks(nil)
+	books := inmem.NewBooks(time.Now)
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}
-	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: "k"}, Request: req, Store: lab.StoreMemory}
+	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: "k"}, Request: req, Store: "keyed"}
 	if _, err := books.Apply(context.Background(), lab.Apply{Entry: lab.NewEntry(a, time.Now())}); err != nil {
 		t.Fatal(err)
 	}
@@ -30,14 +48,14 @@ func TestUnansweredRunIsInconclusive(t *testing.T) {
 	defer srv.Close()
 	client := &http.Client{}
 	defer client.CloseIdleConnections()
-	r := &experiment.Runner{Client: client, Books: books, Tenants: map[string]string{"tok": "acme"}}
+	r := &experiment.Runner{Client: client, Books: books, Variants: keyed(t), Tenants: map[string]string{"tok": "acme"}, Now: time.Now}
 	rep, err := r.Run(context.Background(), experiment.Spec{
-		Store: lab.StoreMemory, Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Token: "tok",
+		Store: "keyed", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Token: "tok",
 	}, []string{srv.URL})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Verdict != experiment.Inconclusive || rep.DuplicatesPrevented != 0 || rep.KeyCharges != 1 {
+	if rep.Verdict != lab.Inconclusive || rep.DuplicatesPrevented != 0 || rep.KeyCharges != 1 {
 		t.Fatalf("verdict %s, prevented %d, key charges %d: %s", rep.Verdict, rep.DuplicatesPrevented, rep.KeyCharges, rep.Reason)
 	}
 }

@@ -1,4 +1,5 @@
-// Package labtest starts real labs for tests and talks to them over HTTP.
+// Package labtest gives tests the real services (each test its own
+// PostgreSQL schema and Redis prefix) and talks to labs over HTTP.
 package labtest
 
 import (
@@ -19,8 +20,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idempotency-lab/lab/lab"
-	"github.com/idempotency-lab/lab/lab/app"
-	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
 // Tokens of the demo tenants.
@@ -43,27 +43,6 @@ func ServiceURL(tb testing.TB, env, example string) string {
 	}
 	tb.Skip(msg)
 	return ""
-}
-
-// Start runs a lab on a free loopback port until the test ends.
-func Start(tb testing.TB, cfg app.Config) *app.App {
-	tb.Helper()
-	if cfg.Addr == "" {
-		cfg.Addr = "127.0.0.1:0"
-	}
-	cfg.FaultsEnabled = true
-	a, err := app.Start(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("starting lab: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := a.Close(ctx); err != nil {
-			tb.Errorf("closing lab: %v", err)
-		}
-	})
-	return a
 }
 
 // Reply is one HTTP answer.
@@ -106,7 +85,7 @@ func Do(tb testing.TB, method, url string, header http.Header, body string) Repl
 }
 
 // Charge posts a charge as tenant token with key ("" sends none).
-func Charge(tb testing.TB, base, store, token, key, body string) Reply {
+func Charge(tb testing.TB, base string, store lab.StoreName, token, key, body string) Reply {
 	tb.Helper()
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+token)
@@ -114,7 +93,7 @@ func Charge(tb testing.TB, base, store, token, key, body string) Reply {
 	if key != "" {
 		h.Set("Idempotency-Key", key)
 	}
-	return Do(tb, http.MethodPost, base+"/charges?store="+store, h, body)
+	return Do(tb, http.MethodPost, base+"/charges?store="+string(store), h, body)
 }
 
 // Get fetches a URL and decodes its JSON object.
@@ -139,7 +118,7 @@ func Postgres(tb testing.TB) (url, schema string) {
 			return
 		}
 		defer pool.Close()
-		if err := postgres.DropSchema(ctx, pool, schema); err != nil {
+		if err := pgdb.DropSchema(ctx, pool, schema); err != nil {
 			tb.Errorf("dropping schema %s: %v", schema, err)
 		}
 	})
@@ -185,4 +164,14 @@ func (l LostCommit) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) 
 		return c, err
 	}
 	return lab.Charge{}, errors.New("conn closed")
+}
+
+// Decode decodes a reply's JSON body into a T, such as a typed report.
+func Decode[T any](tb testing.TB, r Reply) T {
+	tb.Helper()
+	var v T
+	if err := json.Unmarshal(r.Body, &v); err != nil {
+		tb.Fatalf("decoding %q: %v", r.Body, err)
+	}
+	return v
 }

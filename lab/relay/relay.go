@@ -5,6 +5,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -13,47 +14,67 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// Relay moves events from the outbox to the provider.
-type Relay struct {
-	Outbox      lab.Outbox
-	Provider    lab.Provider
-	Interval    time.Duration // poll interval; default 100ms
-	Lease       time.Duration // how long a claimed event is hidden from other relays; default 10s
-	Batch       int           // events per tick; default 50
-	MaxAttempts int           // then the event is dead; default 8
-	BaseBackoff time.Duration // first retry delay, doubled per attempt with jitter; default 500ms
-	Logger      *slog.Logger
+// Outbox is where the relay finds due events and records what became of them.
+type Outbox interface {
+	// ClaimDue leases up to limit due pending events for lease.
+	ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error)
+	MarkDelivered(ctx context.Context, id string) error
+	MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error
 }
 
-func (r *Relay) defaults() {
-	if r.Interval <= 0 {
-		r.Interval = 100 * time.Millisecond
+// Provider receives events; it deduplicates by event id, as a well-behaved
+// downstream does, and reports whether a delivery was a duplicate.
+type Provider interface {
+	Deliver(ctx context.Context, e lab.Event) (duplicate bool, err error)
+}
+
+// Config configures a Relay. Every field is required.
+type Config struct {
+	Outbox      Outbox
+	Provider    Provider
+	Clock       lab.Clock
+	Logger      *slog.Logger
+	Interval    time.Duration // poll interval
+	Lease       time.Duration // how long a claimed event is hidden from other relays
+	Batch       int           // events per tick
+	MaxAttempts int           // then the event is dead
+	BaseBackoff time.Duration // first retry delay, doubled per attempt with jitter, capped at a minute
+}
+
+// Defaults are the settings the lab runs with.
+func Defaults() Config {
+	return Config{
+		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50,
+		MaxAttempts: 8, BaseBackoff: 500 * time.Millisecond,
 	}
-	if r.Lease <= 0 {
-		r.Lease = 10 * time.Second
+}
+
+// Relay moves events from the outbox to the provider. Its settings are fixed
+// at construction, so Tick and Run may overlap.
+type Relay struct {
+	cfg Config
+}
+
+// New checks cfg and returns a relay.
+func New(cfg Config) (*Relay, error) {
+	switch {
+	case cfg.Outbox == nil || cfg.Provider == nil || cfg.Clock == nil || cfg.Logger == nil:
+		return nil, errors.New("relay: outbox, provider, clock and logger are required")
+	case cfg.Interval <= 0 || cfg.Lease <= 0 || cfg.BaseBackoff <= 0:
+		return nil, fmt.Errorf("relay: interval, lease and backoff must be positive (got %s, %s, %s)", cfg.Interval, cfg.Lease, cfg.BaseBackoff)
+	case cfg.Batch < 1 || cfg.MaxAttempts < 1:
+		return nil, fmt.Errorf("relay: batch and max attempts must be at least 1 (got %d, %d)", cfg.Batch, cfg.MaxAttempts)
 	}
-	if r.Batch <= 0 {
-		r.Batch = 50
-	}
-	if r.MaxAttempts <= 0 {
-		r.MaxAttempts = 8
-	}
-	if r.BaseBackoff <= 0 {
-		r.BaseBackoff = 500 * time.Millisecond
-	}
-	if r.Logger == nil {
-		r.Logger = slog.New(slog.DiscardHandler)
-	}
+	return &Relay{cfg: cfg}, nil
 }
 
 // Run delivers until ctx is cancelled.
 func (r *Relay) Run(ctx context.Context) {
-	r.defaults()
-	t := time.NewTicker(r.Interval)
+	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
 		if _, err := r.Tick(ctx); err != nil && ctx.Err() == nil {
-			r.Logger.WarnContext(ctx, "outbox relay tick failed", "err", err)
+			r.cfg.Logger.WarnContext(ctx, "outbox relay tick failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():
@@ -65,21 +86,21 @@ func (r *Relay) Run(ctx context.Context) {
 
 // Tick delivers one batch of due events and reports how many were delivered.
 func (r *Relay) Tick(ctx context.Context) (int, error) {
-	r.defaults()
-	events, err := r.Outbox.ClaimDue(ctx, r.Batch, r.Lease)
+	events, err := r.cfg.Outbox.ClaimDue(ctx, r.cfg.Batch, r.cfg.Lease)
 	if err != nil {
 		return 0, fmt.Errorf("error claiming outbox events: %w", err)
 	}
 	delivered := 0
 	for _, ev := range events {
-		if _, err := r.Provider.Deliver(ctx, ev, false); err != nil {
-			dead := ev.Attempts >= r.MaxAttempts
-			if merr := r.Outbox.MarkFailed(ctx, ev.ID, time.Now().Add(r.backoff(ev.Attempts)), dead, err.Error()); merr != nil {
+		if _, err := r.cfg.Provider.Deliver(ctx, ev); err != nil {
+			dead := ev.Attempts >= r.cfg.MaxAttempts
+			next := r.cfg.Clock().Add(r.backoff(ev.Attempts))
+			if merr := r.cfg.Outbox.MarkFailed(ctx, ev.ID, next, dead, err.Error()); merr != nil {
 				return delivered, fmt.Errorf("error recording failed delivery: %w", merr)
 			}
 			continue
 		}
-		if err := r.Outbox.MarkDelivered(ctx, ev.ID); err != nil {
+		if err := r.cfg.Outbox.MarkDelivered(ctx, ev.ID); err != nil {
 			// The provider has it; the event stays pending and will be
 			// delivered again, which the provider deduplicates by event id.
 			return delivered, fmt.Errorf("error marking event delivered: %w", err)
@@ -91,7 +112,7 @@ func (r *Relay) Tick(ctx context.Context) (int, error) {
 
 // backoff doubles per attempt, capped at one minute, with ±20% jitter.
 func (r *Relay) backoff(attempts int) time.Duration {
-	d := r.BaseBackoff << min(attempts-1, 16)
+	d := r.cfg.BaseBackoff << min(max(attempts-1, 0), 16)
 	d = min(d, time.Minute)
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }

@@ -3,46 +3,90 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/inmem"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/relay"
-	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/postgres"
 )
+
+// books is what the relay and these tests use of the ground truth.
+type books interface {
+	lab.Ledger
+	relay.Outbox
+	relay.Provider
+	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
+	Events(ctx context.Context, limit int) ([]lab.Event, error)
+	Receipts(ctx context.Context, run string) (int, int, error)
+}
+
+// clock is a clock the test moves by hand, so backoff needs no sleeping.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
 
 // flaky fails the first n deliveries, then passes them to the books.
 type flaky struct {
-	lab.Provider
+	relay.Provider
 	failures atomic.Int32
 }
 
-func (f *flaky) Deliver(ctx context.Context, e lab.Event, direct bool) (bool, error) {
+func (f *flaky) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	if f.failures.Add(-1) >= 0 {
 		return false, errors.New("provider unavailable")
 	}
-	return f.Provider.Deliver(ctx, e, direct)
+	return f.Provider.Deliver(ctx, e)
 }
 
-func books(t *testing.T) map[string]lab.Books {
+// setup returns both kinds of books on one hand-moved clock.
+func setup(t *testing.T) (map[string]books, *clock) {
 	t.Helper()
+	c := &clock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
 	url, schema := labtest.Postgres(t)
-	pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: true})
+	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 4, AppName: "relay-test", Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return map[string]lab.Books{"memory": memory.NewBooks(nil), "postgres": postgres.NewBooks(pool)}
+	return map[string]books{"memory": inmem.NewBooks(c.Now), "postgres": pgdb.NewBooks(pool, c.Now)}, c
 }
 
-func charge(t *testing.T, b lab.Books, key string) lab.Event {
+func newRelay(t *testing.T, b books, p relay.Provider, c *clock, maxAttempts int) *relay.Relay {
+	t.Helper()
+	cfg := relay.Defaults()
+	cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, p, c.Now, slog.New(slog.DiscardHandler)
+	cfg.MaxAttempts = maxAttempts
+	r, err := relay.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func charge(t *testing.T, b books, c *clock, key string) lab.Event {
 	t.Helper()
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 100, Currency: "USD"}
-	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: lab.StoreMemory, Run: "run-relay"}
-	e := lab.NewEntry(a, time.Now())
+	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: "memory", Run: "run-relay"}
+	e := lab.NewEntry(a, c.Now())
 	ev := lab.NewReceiptEvent(e)
 	if _, err := b.Apply(context.Background(), lab.Apply{Entry: e, Event: ev}); err != nil {
 		t.Fatal(err)
@@ -51,26 +95,27 @@ func charge(t *testing.T, b lab.Books, key string) lab.Event {
 }
 
 func TestRelayRetriesThenDelivers(t *testing.T) {
-	for name, b := range books(t) {
+	all, c := setup(t)
+	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			charge(t, b, "k1")
+			ctx := t.Context()
+			charge(t, b, c, "k1")
 			p := &flaky{Provider: b}
 			p.failures.Store(2)
-			r := &relay.Relay{Outbox: b, Provider: p, BaseBackoff: time.Millisecond, Lease: time.Second}
-			deadline := time.Now().Add(5 * time.Second)
-			for {
-				if _, err := r.Tick(ctx); err != nil {
+			r := newRelay(t, b, p, c, 8)
+			for tick := range 3 {
+				n, err := r.Tick(ctx)
+				if err != nil {
 					t.Fatal(err)
 				}
-				s, _ := b.OutboxStats(ctx)
-				if s.Delivered == 1 {
-					break
+				if want := map[bool]int{true: 1, false: 0}[tick == 2]; n != want {
+					t.Fatalf("tick %d delivered %d, want %d", tick+1, n, want)
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("not delivered: %+v", s)
+				// Before its backoff ends the event is not due again.
+				if n, _ := r.Tick(ctx); n != 0 {
+					t.Fatalf("tick %d: delivered before the backoff ended", tick+1)
 				}
-				time.Sleep(5 * time.Millisecond)
+				c.Advance(time.Minute)
 			}
 			evs, _ := b.Events(ctx, 10)
 			if len(evs) != 1 || evs[0].Attempts != 3 || evs[0].State != lab.EventDelivered {
@@ -84,27 +129,28 @@ func TestRelayRetriesThenDelivers(t *testing.T) {
 }
 
 func TestRelayGivesUpVisibly(t *testing.T) {
-	for name, b := range books(t) {
+	all, c := setup(t)
+	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			ctx := context.Background()
-			charge(t, b, "k-dead")
+			ctx := t.Context()
+			charge(t, b, c, "k-dead")
 			p := &flaky{Provider: b}
 			p.failures.Store(1000)
-			r := &relay.Relay{Outbox: b, Provider: p, BaseBackoff: time.Millisecond, MaxAttempts: 3}
-			for range 50 {
+			r := newRelay(t, b, p, c, 3)
+			for range 3 {
 				if _, err := r.Tick(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if s, _ := b.OutboxStats(ctx); s.Dead == 1 {
-					evs, _ := b.Events(ctx, 1)
-					if evs[0].Attempts != 3 || evs[0].LastError == "" {
-						t.Fatalf("dead event %+v", evs[0])
-					}
-					return
-				}
-				time.Sleep(5 * time.Millisecond)
+				c.Advance(2 * time.Minute) // past the capped backoff
 			}
-			t.Fatal("the event never went dead")
+			s, _ := b.OutboxStats(ctx)
+			evs, _ := b.Events(ctx, 1)
+			if s.Dead != 1 || s.Pending != 0 || evs[0].Attempts != 3 || evs[0].LastError == "" {
+				t.Fatalf("stats %+v, event %+v: want it dead after 3 attempts, with its last error", s, evs[0])
+			}
+			if _, err := r.Tick(ctx); err != nil || p.failures.Load() != 1000-3 {
+				t.Fatalf("a dead event was tried again (%d failures left, err %v)", p.failures.Load(), err)
+			}
 		})
 	}
 }
@@ -112,16 +158,17 @@ func TestRelayGivesUpVisibly(t *testing.T) {
 // TestProviderDeduplicates shows why at-least-once is safe here: a second
 // delivery of one event id is recorded as a duplicate, not a second receipt.
 func TestProviderDeduplicates(t *testing.T) {
-	for name, b := range books(t) {
+	all, c := setup(t)
+	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			ev := charge(t, b, "k-dup")
+			ev := charge(t, b, c, "k-dup")
 			for i, wantDup := range []bool{false, true, true} {
-				dup, err := b.Deliver(context.Background(), ev, false)
+				dup, err := b.Deliver(t.Context(), ev)
 				if err != nil || dup != wantDup {
 					t.Fatalf("delivery %d: duplicate=%v err=%v", i+1, dup, err)
 				}
 			}
-			if unique, deliveries, _ := b.Receipts(context.Background(), "run-relay"); unique != 1 || deliveries != 3 {
+			if unique, deliveries, _ := b.Receipts(t.Context(), "run-relay"); unique != 1 || deliveries != 3 {
 				t.Fatalf("receipts %d, deliveries %d; want 1 and 3", unique, deliveries)
 			}
 		})
@@ -129,17 +176,41 @@ func TestProviderDeduplicates(t *testing.T) {
 }
 
 func TestRunStopsOnCancel(t *testing.T) {
-	b := memory.NewBooks(nil)
-	ctx, cancel := context.WithCancel(context.Background())
+	c := &clock{now: time.Now()}
+	b := inmem.NewBooks(c.Now)
+	r := newRelay(t, b, b, c, 8)
+	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
-		(&relay.Relay{Outbox: b, Provider: b, Interval: time.Millisecond}).Run(ctx)
+		r.Run(ctx)
 		close(done)
 	}()
 	cancel()
 	select {
 	case <-done:
-	case <-time.After(2 * time.Second):
+	case <-time.After(5 * time.Second):
 		t.Fatal("relay did not stop")
+	}
+}
+
+func TestNewRejectsBadSettings(t *testing.T) {
+	c := &clock{}
+	b := inmem.NewBooks(c.Now)
+	for name, mutate := range map[string]func(*relay.Config){
+		"no outbox":    func(cfg *relay.Config) { cfg.Outbox = nil },
+		"zero batch":   func(cfg *relay.Config) { cfg.Batch = 0 },
+		"zero lease":   func(cfg *relay.Config) { cfg.Lease = 0 },
+		"no attempts":  func(cfg *relay.Config) { cfg.MaxAttempts = 0 },
+		"no clock":     func(cfg *relay.Config) { cfg.Clock = nil },
+		"zero backoff": func(cfg *relay.Config) { cfg.BaseBackoff = 0 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := relay.Defaults()
+			cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, b, c.Now, slog.New(slog.DiscardHandler)
+			mutate(&cfg)
+			if _, err := relay.New(cfg); err == nil {
+				t.Fatal("accepted")
+			}
+		})
 	}
 }

@@ -1,5 +1,5 @@
-// Package memory holds the in-process designs: the key table of the memory
-// store and the in-memory books used when no PostgreSQL is configured.
+// Package memory is the design that holds on one replica: idempotency keys
+// in a map in the process heap, claimed under a mutex.
 package memory
 
 import (
@@ -7,6 +7,7 @@ import (
 	"container/heap"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -21,12 +22,11 @@ type Store struct {
 	ledger lab.Ledger
 	window time.Duration // how long completed keys are kept
 	wait   time.Duration // bound on waiting for an in-flight twin
-	now    func() time.Time
+	now    lab.Clock
 
-	mu      sync.Mutex
-	table   map[string]*entry
-	expiry  expiryHeap
-	evicted int
+	mu     sync.Mutex
+	table  map[string]*entry
+	expiry expiryHeap
 }
 
 type entry struct {
@@ -40,38 +40,29 @@ type entry struct {
 	inherited   bool          // chargeID came from an unsettled entry: never give it up
 	createdAt   time.Time
 	expiresAt   time.Time
-	heapIndex   int
 }
 
-// Config configures a memory Store.
+// Config configures a memory Store; every field is required.
 type Config struct {
 	Ledger lab.Ledger
-	Window time.Duration    // retention of completed keys; default 24h
-	Wait   time.Duration    // bounded wait for an in-flight twin; default 2s
-	Now    func() time.Time // default time.Now
+	Window time.Duration // retention of completed keys
+	Wait   time.Duration // bounded wait for an in-flight twin
+	Now    lab.Clock
 }
 
 // New returns an empty memory store.
-func New(cfg Config) *Store {
-	s := &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now}
-	if s.window <= 0 {
-		s.window = 24 * time.Hour
+func New(cfg Config) (*Store, error) {
+	switch {
+	case cfg.Ledger == nil || cfg.Now == nil:
+		return nil, errors.New("memory: ledger and clock are required")
+	case cfg.Window <= 0 || cfg.Wait <= 0:
+		return nil, fmt.Errorf("memory: window and wait must be positive (got %s, %s)", cfg.Window, cfg.Wait)
 	}
-	if s.wait <= 0 {
-		s.wait = 2 * time.Second
-	}
-	if s.now == nil {
-		s.now = time.Now
-	}
-	s.table = map[string]*entry{}
-	return s
+	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, table: map[string]*entry{}}, nil
 }
 
 // Name is the store's name.
-func (s *Store) Name() string { return lab.StoreMemory }
-
-// Describe says where the keys live.
-func (s *Store) Describe() string { return "a map in this replica's heap, claimed under a mutex" }
+func (s *Store) Name() lab.StoreName { return Name }
 
 // Charge claims the key or waits for its twin, then charges at most once per replica.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
@@ -110,7 +101,7 @@ func (s *Store) claim(k string, a lab.Attempt) (*entry, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.evictLocked(now, 2) // amortised eviction keeps the table bounded without a sweeper
-	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, heapIndex: -1, chargeID: lab.NewChargeID()}
+	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, chargeID: lab.NewChargeID()}
 	if old, ok := s.table[k]; ok {
 		switch {
 		case old.unknown && !now.Before(old.expiresAt):
@@ -242,7 +233,6 @@ func (s *Store) evictLocked(now time.Time, max int) int {
 		}
 		n++
 	}
-	s.evicted += n
 	return n
 }
 
@@ -300,20 +290,12 @@ func (h expiryHeap) Len() int { return len(h) }
 func (h expiryHeap) Less(i, j int) bool {
 	return cmp.Less(h[i].expiresAt.UnixNano(), h[j].expiresAt.UnixNano())
 }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].heapIndex, h[j].heapIndex = i, j
-}
-func (h *expiryHeap) Push(x any) {
-	e := x.(*entry)
-	e.heapIndex = len(*h)
-	*h = append(*h, e)
-}
+func (h expiryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)   { *h = append(*h, x.(*entry)) }
 func (h *expiryHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
-	e.heapIndex = -1
 	return e
 }

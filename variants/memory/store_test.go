@@ -7,12 +7,36 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/inmem"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 )
+
+// newStore builds a store on cfg, with the lab's defaults where cfg has none.
+func newStore(tb testing.TB, cfg memory.Config) *memory.Store {
+	tb.Helper()
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Ledger == nil {
+		cfg.Ledger = inmem.NewBooks(cfg.Now)
+	}
+	if cfg.Window == 0 {
+		cfg.Window = 24 * time.Hour
+	}
+	if cfg.Wait == 0 {
+		cfg.Wait = 2 * time.Second
+	}
+	s, err := memory.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
 
 // clock is a test clock advanced by hand.
 type clock struct{ ns atomic.Int64 }
@@ -24,13 +48,13 @@ func attempt(key string, amount int64) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD"}
 	return lab.Attempt{
 		Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
-		Fingerprint: req.Fingerprint(), Store: lab.StoreMemory,
+		Fingerprint: req.Fingerprint(), Store: memory.Name,
 	}
 }
 
 func TestConcurrentClaimsChargeOnce(t *testing.T) {
-	books := memory.NewBooks(nil)
-	s := memory.New(memory.Config{Ledger: books})
+	books := inmem.NewBooks(time.Now)
+	s := newStore(t, memory.Config{Ledger: books})
 	var wg sync.WaitGroup
 	var replays atomic.Int32
 	for range 64 {
@@ -45,14 +69,14 @@ func TestConcurrentClaimsChargeOnce(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k"); k.Charges != 1 || replays.Load() != 63 {
+	if k, _ := books.KeyCharges(context.Background(), "acme", memory.Name, "k"); k.Charges != 1 || replays.Load() != 63 {
 		t.Fatalf("charges %d, replays %d; want 1 and 63", k.Charges, replays.Load())
 	}
 }
 
 func TestExpiredKeysAreEvicted(t *testing.T) {
 	var c clock
-	s := memory.New(memory.Config{Ledger: memory.NewBooks(c.now), Window: time.Second, Now: c.now})
+	s := newStore(t, memory.Config{Ledger: inmem.NewBooks(c.now), Window: time.Second, Now: c.now})
 	ctx := context.Background()
 	for i := range 10_000 {
 		if _, err := s.Charge(ctx, attempt(fmt.Sprint("fresh-", i), 100)); err != nil {
@@ -71,8 +95,8 @@ func TestExpiredKeysAreEvicted(t *testing.T) {
 }
 
 func TestFailedWorkReleasesTheKey(t *testing.T) {
-	books := memory.NewBooks(nil)
-	s := memory.New(memory.Config{Ledger: books})
+	books := inmem.NewBooks(time.Now)
+	s := newStore(t, memory.Config{Ledger: books})
 	a := attempt("k-fail", 100)
 	a.Faults = lab.Faults{Point: lab.FaultOutboxFail}
 	if _, err := s.Charge(context.Background(), a); err == nil {
@@ -85,7 +109,7 @@ func TestFailedWorkReleasesTheKey(t *testing.T) {
 	if err != nil || out.Replayed {
 		t.Fatalf("retry: %v replayed=%v", err, out.Replayed)
 	}
-	if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreMemory, "k-fail"); k.Charges != 1 {
+	if k, _ := books.KeyCharges(context.Background(), "acme", memory.Name, "k-fail"); k.Charges != 1 {
 		t.Fatalf("charges %d, want 1", k.Charges)
 	}
 }
@@ -94,7 +118,7 @@ func TestFailedWorkReleasesTheKey(t *testing.T) {
 // reports the table size it settles at.
 func BenchmarkFreshKeys(b *testing.B) {
 	var c clock
-	s := memory.New(memory.Config{Ledger: memory.NewBooks(c.now), Window: 100 * time.Millisecond, Now: c.now})
+	s := newStore(b, memory.Config{Ledger: inmem.NewBooks(c.now), Window: 100 * time.Millisecond, Now: c.now})
 	ctx := context.Background()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -110,37 +134,40 @@ func BenchmarkFreshKeys(b *testing.B) {
 // crashes die with it (their connections would), instead of sitting out
 // the bounded wait.
 func TestCrashTakesDownWaiters(t *testing.T) {
-	s := memory.New(memory.Config{Ledger: memory.NewBooks(nil), Wait: 5 * time.Second})
-	owner := attempt("k-crash", 100)
-	owner.Faults = lab.Faults{Point: lab.FaultSlow, Work: 600 * time.Millisecond}
-	done := make(chan error, 1)
-	go func() {
-		_, err := s.Charge(context.Background(), owner)
-		done <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	waiter := make(chan error, 1)
-	go func() {
-		_, err := s.Charge(context.Background(), attempt("k-crash", 100))
-		waiter <- err
-	}()
-	time.Sleep(50 * time.Millisecond)
-	crasher := attempt("other-key", 100)
-	crasher.Faults = lab.Faults{Point: lab.FaultCrashAfterClaim}
-	if _, err := s.Charge(context.Background(), crasher); err != lab.ErrCrash {
-		t.Fatalf("crasher: %v", err)
-	}
-	select {
-	case err := <-waiter:
-		if err != lab.ErrCrash {
-			t.Fatalf("waiter: %v, want it taken down by the crash", err)
+	synctest.Test(t, func(t *testing.T) {
+		s := newStore(t, memory.Config{Wait: 5 * time.Second})
+		owner := attempt("k-crash", 100)
+		owner.Faults = lab.Faults{Point: lab.FaultSlow, Work: 600 * time.Millisecond}
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Charge(context.Background(), owner)
+			done <- err
+		}()
+		synctest.Wait() // the owner holds the claim and works
+		waiter := make(chan error, 1)
+		go func() {
+			_, err := s.Charge(context.Background(), attempt("k-crash", 100))
+			waiter <- err
+		}()
+		synctest.Wait() // the twin waits on the owner
+		crasher := attempt("other-key", 100)
+		crasher.Faults = lab.Faults{Point: lab.FaultCrashAfterClaim}
+		if _, err := s.Charge(context.Background(), crasher); err != lab.ErrCrash {
+			t.Fatalf("crasher: %v", err)
 		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("the waiter sat out its wait")
-	}
-	if err := <-done; err != lab.ErrCrash { // the owner dies with its replica (closing done twice would panic)
-		t.Fatalf("owner: %v", err)
-	}
+		synctest.Wait()
+		select {
+		case err := <-waiter:
+			if err != lab.ErrCrash {
+				t.Fatalf("waiter: %v, want it taken down by the crash", err)
+			}
+		default:
+			t.Fatal("the waiter sat out its wait")
+		}
+		if err := <-done; err != lab.ErrCrash { // the owner dies with its replica (closing done twice would panic)
+			t.Fatalf("owner: %v", err)
+		}
+	})
 }
 
 // TestAmbiguousCommitIsNotChargedTwice: when the ledger's answer is lost,
@@ -153,10 +180,10 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 		failures int32
 	}{{"SettledWithinTheRequest", 1}, {"SettledOnTheClientsRetry", 3}} {
 		t.Run(tc.name, func(t *testing.T) {
-			books := memory.NewBooks(nil)
+			books := inmem.NewBooks(time.Now)
 			failures := new(atomic.Int32)
 			failures.Store(tc.failures)
-			s := memory.New(memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
+			s := newStore(t, memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
 			ctx := context.Background()
 			first, err := s.Charge(ctx, attempt("k-lost", 100))
 			if tc.failures >= 3 {
@@ -176,7 +203,7 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 			if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) {
 				t.Fatalf("replay: %v replayed=%v", err, again.Replayed)
 			}
-			if k, _ := books.KeyCharges(ctx, "acme", lab.StoreMemory, "k-lost"); k.Charges != 1 {
+			if k, _ := books.KeyCharges(ctx, "acme", memory.Name, "k-lost"); k.Charges != 1 {
 				t.Fatalf("charges %d, want 1", k.Charges)
 			}
 		})
@@ -187,10 +214,10 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 // key and then fails (its client leaves during the work) keeps the key and
 // its charge id, so the lost commit is still never repeated.
 func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
-	books := memory.NewBooks(nil)
+	books := inmem.NewBooks(time.Now)
 	failures := new(atomic.Int32)
 	failures.Store(3)
-	s := memory.New(memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
+	s := newStore(t, memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
 	bg := context.Background()
 	if _, err := s.Charge(bg, attempt("k-take", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
 		t.Fatalf("first: %v", err)
@@ -205,7 +232,7 @@ func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
 	if _, err := s.Charge(bg, attempt("k-take", 100)); err != nil {
 		t.Fatalf("plain retry: %v", err)
 	}
-	if k, _ := books.KeyCharges(bg, "acme", lab.StoreMemory, "k-take"); k.Charges != 1 {
+	if k, _ := books.KeyCharges(bg, "acme", memory.Name, "k-take"); k.Charges != 1 {
 		t.Fatalf("charges %d, want 1", k.Charges)
 	}
 }
@@ -216,7 +243,7 @@ func TestUnsettledKeysExpire(t *testing.T) {
 	var c clock
 	failures := new(atomic.Int32)
 	failures.Store(3)
-	s := memory.New(memory.Config{Ledger: labtest.LostCommit{Ledger: memory.NewBooks(c.now), Failures: failures}, Window: time.Hour, Now: c.now})
+	s := newStore(t, memory.Config{Ledger: labtest.LostCommit{Ledger: inmem.NewBooks(c.now), Failures: failures}, Window: time.Hour, Now: c.now})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("k-unsettled", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
 		t.Fatalf("first: %v", err)

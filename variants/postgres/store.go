@@ -1,12 +1,11 @@
+// Package postgres is the design that holds: key, ledger entry, outbox event
+// and stored response committed in one PostgreSQL transaction.
 package postgres
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
 // Store decides with the database: INSERT … ON CONFLICT on the primary key
@@ -25,42 +25,40 @@ type Store struct {
 	wait    time.Duration
 	appName string // application_name of this lab's connections
 	reset   func() // drops every pool's connections after a restart
-	now     func() time.Time
+	now     lab.Clock
 }
 
-// StoreConfig configures a Store.
-type StoreConfig struct {
-	Pool    *pgxpool.Pool
-	Window  time.Duration // key retention; default 24h
-	Wait    time.Duration // lock_timeout for a twin in flight; default 2s
+// Config configures a Store; every field but ResetPools is required.
+type Config struct {
+	Pool    *pgxpool.Pool // its search_path is the lab's schema (pgdb.Open)
+	Window  time.Duration // key retention
+	Wait    time.Duration // bound on waiting for a connection, then for a twin in flight
 	AppName string        // application_name shared by this lab's pools (store_restart kills them)
 	// ResetPools drops the connections of every pool sharing AppName after
-	// Restart killed their sessions; default: this store's pool only.
+	// Restart killed their sessions; nil drops this store's pool only.
 	ResetPools func()
+	Now        lab.Clock // the time keys are created and expire by
 }
 
-// NewStore returns the postgres store.
-func NewStore(cfg StoreConfig) *Store {
-	s := &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: cfg.ResetPools, now: time.Now}
-	if s.reset == nil {
-		s.reset = cfg.Pool.Reset
+// New returns the postgres store.
+func New(cfg Config) (*Store, error) {
+	switch {
+	case cfg.Pool == nil || cfg.Now == nil:
+		return nil, errors.New("postgres: pool and clock are required")
+	case cfg.AppName == "":
+		return nil, errors.New("postgres: an application_name is required, so a restart finds only this lab's sessions")
+	case cfg.Window <= 0 || cfg.Wait <= 0:
+		return nil, fmt.Errorf("postgres: window and wait must be positive (got %s, %s)", cfg.Window, cfg.Wait)
 	}
-	if s.window <= 0 {
-		s.window = 24 * time.Hour
+	reset := cfg.ResetPools
+	if reset == nil {
+		reset = cfg.Pool.Reset
 	}
-	if s.wait <= 0 {
-		s.wait = 2 * time.Second
-	}
-	return s
+	return &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now}, nil
 }
 
 // Name is the store's name.
-func (s *Store) Name() string { return lab.StorePostgres }
-
-// Describe says where the keys live.
-func (s *Store) Describe() string {
-	return "PostgreSQL table idempotency_requests, claimed by INSERT … ON CONFLICT in the charge's transaction"
-}
+func (s *Store) Name() lab.StoreName { return Name }
 
 // Charge runs the attempt in one transaction. A dropped connection before
 // the outcome is known is retried: the key makes the retry safe.
@@ -71,7 +69,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	)
 	for try := 0; try < 3; try++ {
 		out, err = s.charge(ctx, a)
-		if err == nil || !connectionLost(err) || ctx.Err() != nil {
+		if err == nil || !pgdb.ConnectionLost(err) || ctx.Err() != nil {
 			break
 		}
 	}
@@ -106,7 +104,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockWait.Milliseconds())); err != nil {
 		return out, fmt.Errorf("error setting lock_timeout: %w", err)
 	}
-	claimed, row, err := s.claim(ctx, tx, a, retention)
+	claimed, row, err := s.claim(ctx, tx, a, s.now(), retention)
 	switch {
 	case isLockTimeout(err):
 		return out, &lab.InProgressError{RetryAfter: time.Second}
@@ -119,11 +117,11 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return out, lab.ErrCrash
 	}
-	if err := a.Faults.Pause(ctx.Done()); err != nil {
+	if err := a.Faults.Pause(ctx); err != nil {
 		return out, err
 	}
 	entry := lab.NewEntry(a, s.now())
-	c, err := applyTx(ctx, tx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
+	c, err := pgdb.ApplyTx(ctx, tx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
 	var resp lab.Response
 	var oc *lab.OrderConflictError
 	switch {
@@ -161,12 +159,12 @@ type keyRow struct {
 	expired            bool
 }
 
-func readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope) (keyRow, error) {
+func readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope, now time.Time) (keyRow, error) {
 	var k keyRow
 	err := tx.QueryRow(ctx, `
-		SELECT request_fingerprint, state, response_status, response_body, expires_at <= now()
+		SELECT request_fingerprint, state, response_status, response_body, expires_at <= $4
 		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
-		sc.Tenant, sc.Endpoint, sc.Key).Scan(&k.fingerprint, &k.state, &k.status, &k.body, &k.expired)
+		sc.Tenant, sc.Endpoint, sc.Key, now).Scan(&k.fingerprint, &k.state, &k.status, &k.body, &k.expired)
 	return k, err
 }
 
@@ -176,21 +174,21 @@ func readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope) (keyRow, error) {
 // behind each other. A row past its retention is taken over by a
 // conditional UPDATE, which re-checks the expiry after any concurrent
 // take-over commits.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention time.Duration) (bool, keyRow, error) {
+func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, now time.Time, retention time.Duration) (bool, keyRow, error) {
 	sc := a.Scope
 	for try := 0; try < 3; try++ {
 		err := tx.QueryRow(ctx, `
 			INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
-			VALUES ($1, $2, $3, $4, 'in_flight', now(), now() + make_interval(secs => $5))
+			VALUES ($1, $2, $3, $4, 'in_flight', $6::timestamptz, $6::timestamptz + make_interval(secs => $5))
 			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
-			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(new(bool))
+			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
 		if err == nil {
 			return true, keyRow{}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return false, keyRow{}, fmt.Errorf("error claiming key: %w", err)
 		}
-		row, err := readKey(ctx, tx, sc)
+		row, err := readKey(ctx, tx, sc, now)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // swept between the two statements: insert again
@@ -202,9 +200,9 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention t
 		err = tx.QueryRow(ctx, `
 			UPDATE idempotency_requests
 			SET request_fingerprint = $4, state = 'in_flight', response_status = NULL, response_body = NULL,
-			    resource_id = NULL, created_at = now(), expires_at = now() + make_interval(secs => $5)
-			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND expires_at <= now()
-			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds()).Scan(new(bool))
+			    resource_id = NULL, created_at = $6::timestamptz, expires_at = $6::timestamptz + make_interval(secs => $5)
+			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND expires_at <= $6
+			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
 		switch {
 		case err == nil:
 			return true, keyRow{}, nil
@@ -212,7 +210,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, retention t
 			return false, row, fmt.Errorf("error taking over expired key: %w", err)
 		}
 		// Someone else took it over first: answer from theirs.
-		if row, err = readKey(ctx, tx, sc); err == nil {
+		if row, err = readKey(ctx, tx, sc, now); err == nil {
 			return false, row, nil
 		} else if !errors.Is(err, pgx.ErrNoRows) {
 			return false, row, fmt.Errorf("error reading key: %w", err)
@@ -237,28 +235,19 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "55P03" // lock_not_available
 }
 
-// connectionLost reports errors after which the attempt can simply run
-// again on a fresh connection: the key makes the rerun safe.
-func connectionLost(err error) bool {
-	var pe *pgconn.PgError
-	if errors.As(err, &pe) {
-		return pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03" // admin shutdown, crash shutdown, cannot connect now
-	}
-	var ne net.Error
-	return pgconn.SafeToRetry(err) || errors.As(err, &ne) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || strings.Contains(err.Error(), "conn closed")
-}
-
 // Lookup reports one key's state.
 func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
 	var state string
 	var live bool
-	err := s.pool.QueryRow(ctx, `SELECT state, expires_at > now() FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
-		sc.Tenant, sc.Endpoint, sc.Key).Scan(&state, &live)
-	if errors.Is(err, pgx.ErrNoRows) || err == nil && !live {
+	err := s.pool.QueryRow(ctx, `SELECT state, expires_at > $4 FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&state, &live)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows) || err == nil && !live:
 		return lab.KeyAbsent, nil
+	case err != nil:
+		return "", fmt.Errorf("error reading key: %w", err)
 	}
-	return state, err
+	return state, nil
 }
 
 // Keys lists the newest keys.
@@ -269,8 +258,8 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error
 	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
-		       (extract(epoch FROM now() - created_at) * 1000)::bigint
-		FROM idempotency_requests ORDER BY created_at DESC LIMIT $1`, limit)
+		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
+		FROM idempotency_requests ORDER BY created_at DESC LIMIT $1`, limit, s.now())
 	if err != nil {
 		return nil, 0, fmt.Errorf("error listing keys: %w", err)
 	}
@@ -279,13 +268,18 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error
 		err := row.Scan(&k.Tenant, &k.Key, &k.State, &k.Fingerprint, &k.Status, &k.CreatedAt, &k.ExpiresAt, &k.AgeMS)
 		return k, err
 	})
-	return keys, total, err
+	if err != nil {
+		return nil, 0, fmt.Errorf("error listing keys: %w", err)
+	}
+	return keys, total, nil
 }
 
 // Reset deletes every key row.
 func (s *Store) Reset(ctx context.Context) error {
-	_, err := s.pool.Exec(ctx, `TRUNCATE idempotency_requests`)
-	return err
+	if _, err := s.pool.Exec(ctx, `TRUNCATE idempotency_requests`); err != nil {
+		return fmt.Errorf("error deleting keys: %w", err)
+	}
+	return nil
 }
 
 // Restart kills this lab's database sessions, as a server restart would:
@@ -308,7 +302,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 	for {
 		tag, err := s.pool.Exec(ctx, `
 			DELETE FROM idempotency_requests WHERE ctid = ANY (ARRAY(
-				SELECT ctid FROM idempotency_requests WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED))`, sweepBatch)
+				SELECT ctid FROM idempotency_requests WHERE expires_at <= $2 LIMIT $1 FOR UPDATE SKIP LOCKED))`, sweepBatch, s.now())
 		if err != nil {
 			return total, fmt.Errorf("error sweeping keys: %w", err)
 		}

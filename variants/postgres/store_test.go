@@ -13,12 +13,13 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/variants/postgres"
 )
 
 type env struct {
 	url, schema string
-	books       *postgres.Books
+	books       *pgdb.Books
 	pool        *pgxpool.Pool
 }
 
@@ -27,12 +28,12 @@ func setup(t testing.TB) env {
 	t.Helper()
 	url, schema := labtest.Postgres(t)
 	pool := openPool(t, url, schema, true)
-	return env{url: url, schema: schema, books: postgres.NewBooks(pool), pool: pool}
+	return env{url: url, schema: schema, books: pgdb.NewBooks(pool, time.Now), pool: pool}
 }
 
 func openPool(t testing.TB, url, schema string, migrate bool) *pgxpool.Pool {
 	t.Helper()
-	pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: migrate, AppName: "lab-test-" + schema})
+	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 20, Migrate: migrate, AppName: "lab-test-" + schema})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,15 +41,33 @@ func openPool(t testing.TB, url, schema string, migrate bool) *pgxpool.Pool {
 	return pool
 }
 
-func newStore(pool *pgxpool.Pool, schema string) *postgres.Store {
-	return postgres.NewStore(postgres.StoreConfig{Pool: pool, AppName: "lab-test-" + schema})
+// newStore builds a store on cfg, with the lab's defaults where cfg has none.
+func newStore(tb testing.TB, cfg postgres.Config) *postgres.Store {
+	tb.Helper()
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Window == 0 {
+		cfg.Window = 24 * time.Hour
+	}
+	if cfg.Wait == 0 {
+		cfg.Wait = 2 * time.Second
+	}
+	if cfg.AppName == "" {
+		cfg.AppName = "lab-test"
+	}
+	s, err := postgres.New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 func attempt(tenant, key string, amount int64, orderID string) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD", OrderID: orderID}
 	return lab.Attempt{
 		Scope: lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}, Request: req,
-		Fingerprint: req.Fingerprint(), Store: lab.StorePostgres, Run: "run-" + key,
+		Fingerprint: req.Fingerprint(), Store: postgres.Name, Run: "run-" + key,
 	}
 }
 
@@ -68,7 +87,7 @@ func (e env) counts(t *testing.T, tenant, key string) (charges, events, keys int
 
 func TestTwoPoolsRaceOnOneKey(t *testing.T) {
 	e := setup(t)
-	replicas := []*postgres.Store{newStore(openPool(t, e.url, e.schema, false), e.schema), newStore(openPool(t, e.url, e.schema, false), e.schema)}
+	replicas := []*postgres.Store{newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema}), newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema})}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	outcomes := map[string]int{}
@@ -100,7 +119,7 @@ func TestTwoPoolsRaceOnOneKey(t *testing.T) {
 
 func TestOutboxFailureRollsBackEverything(t *testing.T) {
 	e := setup(t)
-	s := newStore(e.pool, e.schema)
+	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	a := attempt("acme", "fail", 800, "")
 	a.Faults = lab.Faults{Point: lab.FaultOutboxFail}
 	if _, err := s.Charge(context.Background(), a); !errors.Is(err, lab.ErrOutboxWrite) {
@@ -120,7 +139,7 @@ func TestOutboxFailureRollsBackEverything(t *testing.T) {
 
 func TestCrashAfterClaimRollsBack(t *testing.T) {
 	e := setup(t)
-	s := newStore(e.pool, e.schema)
+	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	a := attempt("acme", "crash", 800, "")
 	a.Faults = lab.Faults{Point: lab.FaultCrashAfterClaim}
 	if _, err := s.Charge(context.Background(), a); !errors.Is(err, lab.ErrCrash) {
@@ -139,12 +158,12 @@ func TestCrashAfterClaimRollsBack(t *testing.T) {
 
 func TestKeySurvivesRestart(t *testing.T) {
 	e := setup(t)
-	first, err := newStore(e.pool, e.schema).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
+	first, err := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A new process: new pool, same database.
-	again, err := newStore(openPool(t, e.url, e.schema, true), e.schema).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
+	again, err := newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, true), AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
 	if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) {
 		t.Fatalf("after restart: %v replayed=%v body=%s", err, again.Replayed, again.Response.Body)
 	}
@@ -152,7 +171,7 @@ func TestKeySurvivesRestart(t *testing.T) {
 
 func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
 	e := setup(t)
-	s := newStore(openPool(t, e.url, e.schema, false), e.schema)
+	s := newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema})
 	if _, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, "")); err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +186,10 @@ func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
 
 func TestExpiryAndSweeper(t *testing.T) {
 	e := setup(t)
-	s := newStore(e.pool, e.schema)
+	var mu sync.Mutex
+	now := time.Now()
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema, Now: clock})
 	ctx := context.Background()
 	short := func(key, order string) lab.Attempt {
 		a := attempt("acme", key, 500, order)
@@ -185,7 +207,9 @@ func TestExpiryAndSweeper(t *testing.T) {
 	if _, err := s.Charge(ctx, attempt("acme", "kept", 500, "")); err != nil { // default 24 h window
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	now = now.Add(200 * time.Millisecond) // past the short window, on the store's clock
+	mu.Unlock()
 
 	// A retry after expiry is a new operation, unless the order id forbids it.
 	late, err := s.Charge(ctx, short("with-order", "order-77"))
@@ -208,7 +232,7 @@ func TestExpiryAndSweeper(t *testing.T) {
 // claim, charge, balance, outbox event, stored response, commit.
 func BenchmarkChargeFreshKeys(b *testing.B) {
 	e := setup(b)
-	s := newStore(e.pool, e.schema)
+	s := newStore(b, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
 	for i := 0; b.Loop(); i++ {
 		if _, err := s.Charge(ctx, attempt("acme", fmt.Sprint("fresh-", i), 100, "")); err != nil {
@@ -220,7 +244,7 @@ func BenchmarkChargeFreshKeys(b *testing.B) {
 // BenchmarkChargeReplay measures a retry answered from the stored response.
 func BenchmarkChargeReplay(b *testing.B) {
 	e := setup(b)
-	s := newStore(e.pool, e.schema)
+	s := newStore(b, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("acme", "replayed", 100, "")); err != nil {
 		b.Fatal(err)
@@ -234,7 +258,7 @@ func BenchmarkChargeReplay(b *testing.B) {
 
 func TestBalanceTableAgreesWithLedger(t *testing.T) {
 	e := setup(t)
-	s := newStore(e.pool, e.schema)
+	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
@@ -264,7 +288,7 @@ func TestReplicasMigrateTogether(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 6 {
 		wg.Go(func() {
-			pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: true})
+			pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 4, Migrate: true})
 			if err != nil {
 				t.Error(err)
 				return
@@ -282,7 +306,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // else holding the row) and never turn into a spurious 409.
 func TestReplayDoesNotLockTheKey(t *testing.T) {
 	e := setup(t)
-	s := postgres.NewStore(postgres.StoreConfig{Pool: e.pool, Wait: 200 * time.Millisecond})
+	s := newStore(t, postgres.Config{Pool: e.pool, Wait: 200 * time.Millisecond})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("acme", "hot", 100, "")); err != nil {
 		t.Fatal(err)
@@ -305,12 +329,12 @@ func TestReplayDoesNotLockTheKey(t *testing.T) {
 // gives up after the bounded wait instead of queueing without end.
 func TestWaitIsBoundedByThePool(t *testing.T) {
 	url, schema := labtest.Postgres(t)
-	pool, err := postgres.Open(context.Background(), postgres.PoolConfig{URL: url, Schema: schema, Migrate: true, Size: 1})
+	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Migrate: true, Size: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	s := postgres.NewStore(postgres.StoreConfig{Pool: pool, Wait: 200 * time.Millisecond})
+	s := newStore(t, postgres.Config{Pool: pool, Wait: 200 * time.Millisecond})
 	held, err := pool.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +369,7 @@ func TestApplyIsIdempotentByChargeID(t *testing.T) {
 // and leaves the key row, the ledger and the outbox as they were.
 func TestReusedKeyWritesNothing(t *testing.T) {
 	e := setup(t)
-	s := newStore(e.pool, e.schema)
+	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("acme", "k-reuse", 2500, "")); err != nil {
 		t.Fatal(err)

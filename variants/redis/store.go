@@ -20,9 +20,6 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// DefaultPrefix namespaces every key the lab writes to Redis.
-const DefaultPrefix = "idempotency-lab:"
-
 // Store claims keys in Redis with SET NX PX and caches completed responses.
 type Store struct {
 	client   *goredis.Client
@@ -32,46 +29,37 @@ type Store struct {
 	wait     time.Duration
 	claimTTL time.Duration
 	where    string
-	now      func() time.Time
+	now      lab.Clock
 }
 
-// Config configures a Store.
+// Config configures a Store; every field but Where is required.
 type Config struct {
 	Client   *goredis.Client
 	Ledger   lab.Ledger
-	Prefix   string        // default DefaultPrefix
-	Window   time.Duration // retention of completed records; default 24h
-	Wait     time.Duration // bounded wait for an in-flight twin; default 2s
-	ClaimTTL time.Duration // lifetime of a claim; default 30s
+	Prefix   string        // every key the store writes starts with it
+	Window   time.Duration // retention of completed records
+	Wait     time.Duration // bounded wait for an in-flight twin
+	ClaimTTL time.Duration // lifetime of a claim
 	Where    string        // how the server is reached, for Describe
+	Now      lab.Clock
 }
 
 // New returns a redis store.
-func New(cfg Config) *Store {
-	s := &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
-		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: time.Now}
-	if s.prefix == "" {
-		s.prefix = DefaultPrefix
+func New(cfg Config) (*Store, error) {
+	switch {
+	case cfg.Client == nil || cfg.Ledger == nil || cfg.Now == nil:
+		return nil, errors.New("redis: client, ledger and clock are required")
+	case cfg.Prefix == "":
+		return nil, errors.New("redis: a key prefix is required, so the lab only ever touches its own keys")
+	case cfg.Window <= 0 || cfg.Wait <= 0 || cfg.ClaimTTL <= 0:
+		return nil, fmt.Errorf("redis: window, wait and claim TTL must be positive (got %s, %s, %s)", cfg.Window, cfg.Wait, cfg.ClaimTTL)
 	}
-	if s.window <= 0 {
-		s.window = 24 * time.Hour
-	}
-	if s.wait <= 0 {
-		s.wait = 2 * time.Second
-	}
-	if s.claimTTL <= 0 {
-		s.claimTTL = 30 * time.Second
-	}
-	return s
+	return &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
+		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: cfg.Now}, nil
 }
 
 // Name is the store's name.
-func (s *Store) Name() string { return lab.StoreRedis }
-
-// Describe says where the keys live.
-func (s *Store) Describe() string {
-	return fmt.Sprintf("Redis %s, keys %s*, claimed with SET NX PX (claim TTL %s)", s.where, s.prefix, s.claimTTL)
-}
+func (s *Store) Name() lab.StoreName { return Name }
 
 // record is the completed value cached under a key.
 type record struct {
@@ -158,7 +146,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now(), a.ChargeID)
 		won, err := s.client.SetNX(ctx, k, claim, ttl).Result()
 		if err != nil {
-			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
+			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
 		}
 		if won {
 			return s.perform(ctx, k, claim, a, false)
@@ -168,7 +156,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		case errors.Is(err, goredis.Nil):
 			continue // the claim expired or was released: compete again
 		case err != nil:
-			return lab.Outcome{}, fmt.Errorf("%w: redis read failed: %v", lab.ErrStoreUnavailable, err)
+			return lab.Outcome{}, fmt.Errorf("%w: redis read failed: %w", lab.ErrStoreUnavailable, err)
 		}
 		d, err := decode(v)
 		if err != nil {
@@ -186,7 +174,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			claim = claimValue(uuid.NewString(), a.Fingerprint, s.now(), d.chargeID)
 			ok, err := swap.Run(ctx, s.client, []string{k}, v, claim, ttl.Milliseconds()).Int()
 			if err != nil {
-				return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %v", lab.ErrStoreUnavailable, err)
+				return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
 			}
 			if ok == 1 {
 				return s.perform(ctx, k, claim, a, true)
@@ -242,7 +230,7 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 	// lesson of a lock TTL shorter than the work.
 	// The charge happened: record it even if the client has gone.
 	if err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
-		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %v", lab.ErrStoreUnavailable, err)
+		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %w", lab.ErrStoreUnavailable, err)
 	}
 	return lab.Outcome{Response: resp}, nil
 }

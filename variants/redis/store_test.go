@@ -13,8 +13,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/inmem"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/variants/redis"
 )
 
@@ -24,7 +25,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // always, the real one from REDIS_URL (required under LAB_REQUIRE_SERVICES=1).
 func servers(t *testing.T) map[string]string {
 	t.Helper()
-	e, err := redis.StartEmbedded()
+	e, err := redisdb.StartEmbedded()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,11 @@ func newStore(t *testing.T, url string, books lab.Ledger) *redis.Store {
 	}
 	client := goredis.NewClient(opts)
 	t.Cleanup(func() { client.Close() })
-	s := redis.New(redis.Config{Client: client, Ledger: books, Prefix: "lab-test-" + t.Name() + ":", Wait: 2 * time.Second})
+	s, err := redis.New(redis.Config{Client: client, Ledger: books, Prefix: "lab-test-" + t.Name() + ":",
+		Window: 24 * time.Hour, Wait: 2 * time.Second, ClaimTTL: 30 * time.Second, Now: time.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { _ = s.Reset(context.Background()) })
 	return s
 }
@@ -63,13 +68,13 @@ func attempt(key string, amount int64, f lab.Faults) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD"}
 	return lab.Attempt{
 		Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
-		Fingerprint: req.Fingerprint(), Store: lab.StoreRedis, Faults: f,
+		Fingerprint: req.Fingerprint(), Store: redis.Name, Faults: f,
 	}
 }
 
 func TestClaimsAndReplays(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		books := memory.NewBooks(nil)
+		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
 		var wg sync.WaitGroup
 		var mu sync.Mutex
@@ -89,7 +94,7 @@ func TestClaimsAndReplays(t *testing.T) {
 			})
 		}
 		wg.Wait()
-		if k, _ := books.KeyCharges(context.Background(), "acme", lab.StoreRedis, "k"); k.Charges != 1 || fresh != 1 {
+		if k, _ := books.KeyCharges(context.Background(), "acme", redis.Name, "k"); k.Charges != 1 || fresh != 1 {
 			t.Fatalf("charges %d, fresh answers %d; want 1 and 1", k.Charges, fresh)
 		}
 		if _, err := s.Charge(context.Background(), attempt("k", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
@@ -102,7 +107,7 @@ func TestClaimsAndReplays(t *testing.T) {
 // so a claim that outlives its TTL is lost exactly as on a real server.
 func TestTTLsRunInRealTime(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		books := memory.NewBooks(nil)
+		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
 		ctx := context.Background()
 		if _, err := s.Charge(ctx, attempt("k-ttl", 100, lab.Faults{Retention: 100 * time.Millisecond})); err != nil {
@@ -111,9 +116,17 @@ func TestTTLsRunInRealTime(t *testing.T) {
 		if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyCompleted {
 			t.Fatalf("state %s right after the charge", st)
 		}
-		time.Sleep(250 * time.Millisecond)
-		if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
-			t.Fatalf("state %s after the TTL, want absent", st)
+		// The server's clock runs the TTL: wait for it, bounded.
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope)
+			if st == lab.KeyAbsent {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("state %s two seconds after a 100 ms TTL, want absent", st)
+			}
+			_ = lab.Sleep(ctx, 20*time.Millisecond)
 		}
 	})
 }
@@ -122,7 +135,7 @@ func TestTTLsRunInRealTime(t *testing.T) {
 // must not overwrite the key: the compare-and-set on its token refuses.
 func TestExpiredClaimIsNotCompleted(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		books := memory.NewBooks(nil)
+		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
 		ctx := context.Background()
 		slow := lab.Faults{Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond}
@@ -137,7 +150,7 @@ func TestExpiredClaimIsNotCompleted(t *testing.T) {
 
 func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		books := memory.NewBooks(nil)
+		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
 		ctx := context.Background()
 		f := lab.Faults{Point: lab.FaultCrashAfterClaim, ClaimTTL: 300 * time.Millisecond}
@@ -151,7 +164,7 @@ func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
 		if out, err := s.Charge(ctx, attempt("k-crash", 100, lab.Faults{})); err != nil || out.Replayed {
 			t.Fatalf("retry: %v", err)
 		}
-		if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-crash"); k.Charges != 1 {
+		if k, _ := books.KeyCharges(ctx, "acme", redis.Name, "k-crash"); k.Charges != 1 {
 			t.Fatalf("charges %d", k.Charges)
 		}
 	})
@@ -161,7 +174,7 @@ func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
 // database.
 func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		s := newStore(t, url, memory.NewBooks(nil))
+		s := newStore(t, url, inmem.NewBooks(time.Now))
 		opts, _ := goredis.ParseURL(url)
 		other := goredis.NewClient(opts)
 		defer other.Close()
@@ -192,7 +205,7 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 // charge instead of charging again.
 func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		books := memory.NewBooks(nil)
+		books := inmem.NewBooks(time.Now)
 		failures := new(atomic.Int32)
 		failures.Store(3)
 		s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
@@ -210,7 +223,7 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 		if err != nil || retry.Replayed {
 			t.Fatalf("retry: %v replayed=%v", err, retry.Replayed)
 		}
-		if k, _ := books.KeyCharges(ctx, "acme", lab.StoreRedis, "k-lost"); k.Charges != 1 {
+		if k, _ := books.KeyCharges(ctx, "acme", redis.Name, "k-lost"); k.Charges != 1 {
 			t.Fatalf("charges %d, want 1", k.Charges)
 		}
 	})
@@ -220,7 +233,7 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 // same name.
 func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
 	eachServer(t, func(t *testing.T, url string) {
-		books := memory.NewBooks(nil)
+		books := inmem.NewBooks(time.Now)
 		failures := new(atomic.Int32)
 		failures.Store(3)
 		s := newStore(t, url, labtest.LostCommit{Ledger: books, Failures: failures})
@@ -236,7 +249,7 @@ func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
 		if _, err := s.Charge(bg, attempt("k-take", 100, lab.Faults{})); err != nil {
 			t.Fatalf("plain retry: %v", err)
 		}
-		if k, _ := books.KeyCharges(bg, "acme", lab.StoreRedis, "k-take"); k.Charges != 1 {
+		if k, _ := books.KeyCharges(bg, "acme", redis.Name, "k-take"); k.Charges != 1 {
 			t.Fatalf("charges %d, want 1", k.Charges)
 		}
 	})

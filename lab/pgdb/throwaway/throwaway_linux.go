@@ -1,6 +1,10 @@
-// Package embedded starts a throwaway PostgreSQL cluster from locally
-// installed server binaries, for running the lab without DATABASE_URL.
-package embedded
+//go:build linux
+
+// Package throwaway starts a throwaway PostgreSQL cluster from locally
+// installed server binaries, for running the lab without DATABASE_URL. It
+// works on Linux; elsewhere Find and Start say so and the lab runs without
+// the postgres store.
+package throwaway
 
 import (
 	"context"
@@ -116,9 +120,6 @@ type Cluster struct {
 // and returns once it accepts connections. As root, the server runs as the
 // user postgres (or nobody), because PostgreSQL refuses to run as root.
 func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	binDir, err := Find()
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package app_test
+package variants_test
 
 import (
 	"fmt"
@@ -9,17 +9,20 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/redis"
 )
 
 // benchmarkCharges measures POST /charges over loopback HTTP, the path a
 // client takes: fresh keys charge, a repeated key replays.
-func benchmarkCharges(b *testing.B, store string, fresh bool) {
+func benchmarkCharges(b *testing.B, store lab.StoreName, fresh bool) {
 	cfg := fullConfigB(b)
-	a := labtest.Start(b, cfg)
+	a := startLab(b, cfg)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
 	post := func(key string) int {
-		req, _ := http.NewRequest(http.MethodPost, a.URL()+"/charges?store="+store, strings.NewReader(body2500))
+		req, _ := http.NewRequest(http.MethodPost, a.URL()+"/charges?store="+string(store), strings.NewReader(body2500))
 		req.Header.Set("Authorization", "Bearer "+labtest.Acme)
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := client.Do(req)
@@ -54,7 +57,7 @@ func fullConfigB(b *testing.B) (cfg app.Config) {
 	return cfg
 }
 
-func BenchmarkPostChargesPostgresFresh(b *testing.B)  { benchmarkCharges(b, lab.StorePostgres, true) }
-func BenchmarkPostChargesPostgresReplay(b *testing.B) { benchmarkCharges(b, lab.StorePostgres, false) }
-func BenchmarkPostChargesRedisFresh(b *testing.B)     { benchmarkCharges(b, lab.StoreRedis, true) }
-func BenchmarkPostChargesMemoryFresh(b *testing.B)    { benchmarkCharges(b, lab.StoreMemory, true) }
+func BenchmarkPostChargesPostgresFresh(b *testing.B)  { benchmarkCharges(b, postgres.Name, true) }
+func BenchmarkPostChargesPostgresReplay(b *testing.B) { benchmarkCharges(b, postgres.Name, false) }
+func BenchmarkPostChargesRedisFresh(b *testing.B)     { benchmarkCharges(b, redis.Name, true) }
+func BenchmarkPostChargesMemoryFresh(b *testing.B)    { benchmarkCharges(b, memory.Name, true) }

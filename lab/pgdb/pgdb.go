@@ -1,17 +1,20 @@
-// Package postgres holds the design that holds: key, ledger entry, outbox
-// event and stored response committed in one PostgreSQL transaction. It also
-// keeps the shared books (ledger, outbox, receipts) whenever PostgreSQL is
-// configured, whatever the store.
-package postgres
+// Package pgdb is the lab's PostgreSQL: connection pools whose search_path is
+// the lab's own schema, the embedded schema and its migration, and the books
+// (ledger, outbox, provider receipts) that every store shares whenever
+// PostgreSQL is configured.
+package pgdb
 
 import (
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"regexp"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -23,36 +26,38 @@ const DefaultSchema = "idempotency_lab"
 
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
+// CheckSchema accepts a schema name the lab may own: lower-case letters,
+// digits and _, and never public.
+func CheckSchema(name string) error {
+	if !schemaName.MatchString(name) || name == "public" {
+		return fmt.Errorf("invalid schema name %q: lower-case letters, digits and _, and a schema of the lab's own (not public)", name)
+	}
+	return nil
+}
+
 // PoolConfig says how to connect.
 type PoolConfig struct {
-	URL      string // DATABASE_URL
-	Schema   string // default DefaultSchema
-	Size     int32  // max connections; default 20
-	AppName  string // application_name, used to find this lab's connections
-	Migrate  bool   // apply the schema after connecting
-	Replica  string // for logs
-	MinConns int32
+	URL     string // DATABASE_URL
+	Schema  string // the lab's schema, e.g. DefaultSchema
+	Size    int32  // max connections, at least 1
+	AppName string // application_name, used to find this lab's connections
+	Migrate bool   // apply the schema after connecting
 }
 
 // Open connects a pool whose search_path is the lab's schema, and applies
 // the schema when asked.
 func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
-	if cfg.Schema == "" {
-		cfg.Schema = DefaultSchema
-	}
-	if !schemaName.MatchString(cfg.Schema) {
-		return nil, fmt.Errorf("invalid schema name %q: lower-case letters, digits and _", cfg.Schema)
+	if err := CheckSchema(cfg.Schema); err != nil {
+		return nil, err
 	}
 	pc, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
 		return nil, fmt.Errorf("error parsing DATABASE_URL: %w", err)
 	}
-	if cfg.Size > 0 {
-		pc.MaxConns = cfg.Size
-	} else {
-		pc.MaxConns = 20
+	if cfg.Size < 1 {
+		return nil, fmt.Errorf("pool size must be at least 1 (got %d)", cfg.Size)
 	}
-	pc.MinConns = cfg.MinConns
+	pc.MaxConns = cfg.Size
 	pc.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
 	if cfg.AppName != "" {
 		pc.ConnConfig.RuntimeParams["application_name"] = cfg.AppName
@@ -85,7 +90,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 			return fmt.Errorf("error creating schema %s: %w", schema, err)
 		}
 		if _, err := tx.Exec(ctx, "SET LOCAL search_path TO "+pgx.Identifier{schema}.Sanitize()); err != nil {
-			return err
+			return fmt.Errorf("error setting search_path: %w", err)
 		}
 		if _, err := tx.Exec(ctx, schemaSQL); err != nil {
 			return fmt.Errorf("error applying schema: %w", err)
@@ -101,9 +106,28 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 // DropSchema removes the lab's schema and everything in it (tests use a
 // schema of their own; the server never calls this).
 func DropSchema(ctx context.Context, pool *pgxpool.Pool, schema string) error {
-	if !schemaName.MatchString(schema) || schema == "public" {
-		return errors.New("refusing to drop schema " + schema)
+	if err := CheckSchema(schema); err != nil {
+		return fmt.Errorf("refusing to drop schema: %w", err)
 	}
-	_, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-	return err
+	if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+		return fmt.Errorf("error dropping schema %s: %w", schema, err)
+	}
+	return nil
+}
+
+// ConnectionLost reports errors after which a transaction can simply run
+// again on a fresh connection: the session died (terminated, server shut
+// down) or the network dropped before the outcome was known to the server.
+func ConnectionLost(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "57P01", "57P02", "57P03": // admin shutdown, crash shutdown, cannot connect now
+			return true
+		}
+		return false
+	}
+	var ne net.Error
+	return pgconn.SafeToRetry(err) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
 }

@@ -1,4 +1,4 @@
-package app_test
+package variants_test
 
 import (
 	"bytes"
@@ -14,8 +14,14 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/nokey"
+	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/redis"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind: every
@@ -36,7 +42,7 @@ func TestMain(m *testing.M) {
 const body2500 = `{"account":"acct-1","amount_cents":2500,"currency":"USD"}`
 
 // fireCharges sends n identical charges at once, released together.
-func fireCharges(t *testing.T, base, store, token, key, run, body string, n int) []labtest.Reply {
+func fireCharges(t *testing.T, base string, store lab.StoreName, token, key, run, body string, n int) []labtest.Reply {
 	t.Helper()
 	replies := make([]labtest.Reply, n)
 	errs := make([]error, n)
@@ -49,7 +55,7 @@ func fireCharges(t *testing.T, base, store, token, key, run, body string, n int)
 		done.Add(1)
 		go func() {
 			defer done.Done()
-			req, _ := http.NewRequest(http.MethodPost, base+"/charges?store="+store, strings.NewReader(body))
+			req, _ := http.NewRequest(http.MethodPost, base+"/charges?store="+string(store), strings.NewReader(body))
 			req.Header.Set("Authorization", "Bearer "+token)
 			req.Header.Set("Idempotency-Key", key)
 			req.Header.Set("Lab-Run", run)
@@ -86,7 +92,7 @@ func runStats(t *testing.T, a *app.App, run string) lab.RunStats {
 	return s
 }
 
-func keyCharges(t *testing.T, a *app.App, tenant, store, key string) int {
+func keyCharges(t *testing.T, a *app.App, tenant string, store lab.StoreName, key string) int {
 	t.Helper()
 	k, err := a.Books().KeyCharges(context.Background(), tenant, store, key)
 	if err != nil {
@@ -99,9 +105,9 @@ func keyCharges(t *testing.T, a *app.App, tenant, store, key string) int {
 // when their services are configured (see storeConfig).
 func TestConcurrentRetriesChargeOnce(t *testing.T) {
 	for _, store := range idempotentStores(t) {
-		t.Run(store, func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
-			replies := fireCharges(t, a.URL(), store, labtest.Acme, "k-"+store+"-50", "run-50-"+store, body2500, 50)
+		t.Run(string(store), func(t *testing.T) {
+			a := startLab(t, storeConfig(t, store))
+			replies := fireCharges(t, a.URL(), store, labtest.Acme, "k-"+string(store)+"-50", "run-50-"+string(store), body2500, 50)
 			var first []byte
 			fresh, replayed, inProgress := 0, 0, 0
 			for _, r := range replies {
@@ -113,7 +119,7 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 					replayed++
 				case r.Status == http.StatusConflict:
 					inProgress++
-					if r.Header.Get("Retry-After") == "" || r.JSON(t)["code"] != "idempotency_in_progress" {
+					if r.Header.Get("Retry-After") == "" || labtest.Decode[lab.Problem](t, r).Code != "idempotency_in_progress" {
 						t.Errorf("409 %s (Retry-After %q)", r.Body, r.Header.Get("Retry-After"))
 					}
 				default:
@@ -128,12 +134,12 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 					t.Errorf("replay differs:\n%s\n%s", r.Body, first)
 				}
 			}
-			s := runStats(t, a, "run-50-"+store)
+			s := runStats(t, a, "run-50-"+string(store))
 			if s.Charges != 1 || s.OutboxEvents != 1 {
 				t.Fatalf("ledger: %d charges, %d outbox events; want 1 and 1", s.Charges, s.OutboxEvents)
 			}
-			_, state := labtest.Get(t, a.URL()+"/idempotency/state?store="+store)
-			if keys := state["stores"].(map[string]any)[store].(map[string]any)["total"]; keys != float64(1) {
+			state := labtest.Decode[stateReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/idempotency/state?store="+string(store), nil, ""))
+			if keys := state.Stores[store].Total; keys != 1 {
 				t.Fatalf("%v key rows, want 1", keys)
 			}
 		})
@@ -141,8 +147,8 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 }
 
 func TestUnsafeChargesEveryAttempt(t *testing.T) {
-	a := labtest.Start(t, app.Config{})
-	replies := fireCharges(t, a.URL(), lab.StoreUnsafe, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
+	a := startLab(t, labConfig())
+	replies := fireCharges(t, a.URL(), nokey.Name, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
 	for _, r := range replies {
 		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("reply %d replayed=%q", r.Status, r.Header.Get("Idempotent-Replayed"))
@@ -156,13 +162,13 @@ func TestUnsafeChargesEveryAttempt(t *testing.T) {
 
 func TestKeyReusedWithOtherPayload(t *testing.T) {
 	for _, store := range idempotentStores(t) {
-		t.Run(store, func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
+		t.Run(string(store), func(t *testing.T) {
+			a := startLab(t, storeConfig(t, store))
 			if r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", body2500); r.Status != http.StatusCreated {
 				t.Fatalf("first: %d %s", r.Status, r.Body)
 			}
 			r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", `{"account":"acct-1","amount_cents":9999}`)
-			if r.Status != http.StatusUnprocessableEntity || r.JSON(t)["code"] != "idempotency_key_reused" ||
+			if r.Status != http.StatusUnprocessableEntity || labtest.Decode[lab.Problem](t, r).Code != "idempotency_key_reused" ||
 				r.Header.Get("Content-Type") != "application/problem+json" {
 				t.Fatalf("reuse: %d %s %s", r.Status, r.Header.Get("Content-Type"), r.Body)
 			}
@@ -179,7 +185,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 }
 
 func TestBadRequestsChangeNothing(t *testing.T) {
-	a := labtest.Start(t, app.Config{})
+	a := startLab(t, labConfig())
 	cases := []struct {
 		name, key, body, code, param string
 	}{
@@ -200,9 +206,9 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			r := labtest.Charge(t, a.URL(), lab.StoreMemory, labtest.Acme, tc.key, tc.body)
-			p := r.JSON(t)
-			if r.Status != http.StatusBadRequest || p["code"] != tc.code || (tc.param != "" && p["param"] != tc.param) {
+			r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, tc.key, tc.body)
+			p := labtest.Decode[lab.Problem](t, r)
+			if r.Status != http.StatusBadRequest || p.Code != tc.code || (tc.param != "" && p.Param != tc.param) {
 				t.Fatalf("got %d %s", r.Status, r.Body)
 			}
 			if r.Header.Get("Content-Type") != "application/problem+json" {
@@ -214,21 +220,21 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		t.Fatalf("bad requests charged: %+v", s)
 	}
 	// Validation failures are never stored: the same key still works.
-	if r := labtest.Charge(t, a.URL(), lab.StoreMemory, labtest.Acme, "k-bad", body2500); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+	if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k-bad", body2500); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("valid request after bad ones: %d %s", r.Status, r.Body)
 	}
 }
 
 func TestAuthAndStoreErrors(t *testing.T) {
-	a := labtest.Start(t, app.Config{})
-	if r := labtest.Charge(t, a.URL(), lab.StoreMemory, "nope", "k", body2500); r.Status != http.StatusUnauthorized || r.JSON(t)["code"] != "unauthorized" {
+	a := startLab(t, labConfig())
+	if r := labtest.Charge(t, a.URL(), memory.Name, "nope", "k", body2500); r.Status != http.StatusUnauthorized || labtest.Decode[lab.Problem](t, r).Code != "unauthorized" {
 		t.Fatalf("unknown token: %d %s", r.Status, r.Body)
 	}
-	if r := labtest.Charge(t, a.URL(), "sqlite", labtest.Acme, "k", body2500); r.Status != http.StatusBadRequest || r.JSON(t)["param"] != "store" {
+	if r := labtest.Charge(t, a.URL(), "sqlite", labtest.Acme, "k", body2500); r.Status != http.StatusBadRequest || labtest.Decode[lab.Problem](t, r).Param != "store" {
 		t.Fatalf("unknown store: %d %s", r.Status, r.Body)
 	}
-	r := labtest.Charge(t, a.URL(), lab.StoreRedis, labtest.Acme, "k", body2500)
-	if r.Status != http.StatusServiceUnavailable || r.JSON(t)["code"] != "store_unavailable" || !strings.Contains(string(r.Body), "REDIS_URL") {
+	r := labtest.Charge(t, a.URL(), redis.Name, labtest.Acme, "k", body2500)
+	if r.Status != http.StatusServiceUnavailable || labtest.Decode[lab.Problem](t, r).Code != "store_unavailable" || !strings.Contains(string(r.Body), "REDIS_URL") {
 		t.Fatalf("unconfigured store: %d %s", r.Status, r.Body)
 	}
 	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
@@ -238,14 +244,14 @@ func TestAuthAndStoreErrors(t *testing.T) {
 
 func TestTenantsAreIsolated(t *testing.T) {
 	for _, store := range idempotentStores(t) {
-		t.Run(store, func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
+		t.Run(string(store), func(t *testing.T) {
+			a := startLab(t, storeConfig(t, store))
 			acme := labtest.Charge(t, a.URL(), store, labtest.Acme, "shared-key", body2500)
 			globex := labtest.Charge(t, a.URL(), store, labtest.Globex, "shared-key", `{"account":"acct-1","amount_cents":700}`)
 			if acme.Status != http.StatusCreated || globex.Status != http.StatusCreated || globex.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatalf("acme %d, globex %d %s", acme.Status, globex.Status, globex.Body)
 			}
-			if bytes.Equal(acme.Body, globex.Body) || globex.JSON(t)["amount_cents"] != float64(700) {
+			if bytes.Equal(acme.Body, globex.Body) || labtest.Decode[lab.Charge](t, globex).AmountCents != 700 {
 				t.Fatalf("globex got acme's response: %s", globex.Body)
 			}
 			again := labtest.Charge(t, a.URL(), store, labtest.Globex, "shared-key", `{"account":"acct-1","amount_cents":700}`)
@@ -261,10 +267,10 @@ func TestTenantsAreIsolated(t *testing.T) {
 
 func TestKeyIsNewAfterWindow(t *testing.T) {
 	for _, store := range idempotentStores(t) {
-		t.Run(store, func(t *testing.T) {
+		t.Run(string(store), func(t *testing.T) {
 			cfg := storeConfig(t, store)
 			cfg.Window = time.Second // long enough for the replay on a loaded machine
-			a := labtest.Start(t, cfg)
+			a := startLab(t, cfg)
 			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if first.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
@@ -283,20 +289,20 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 }
 
 func TestLabRoutes(t *testing.T) {
-	a := labtest.Start(t, app.Config{})
-	_, unsafeRun := labtest.Get(t, a.URL()+"/charge-unsafe?attempts=5")
-	if unsafeRun["charges_applied"] != float64(5) || unsafeRun["overcharged_cents"] != float64(10000) || unsafeRun["verdict"] != "breaks" {
-		t.Fatalf("unsafe run: %v", unsafeRun)
+	a := startLab(t, labConfig())
+	unsafeRun := getRun(t, a.URL()+"/charge-unsafe?attempts=5")
+	if unsafeRun.ChargesApplied != 5 || unsafeRun.OverchargedCents != 10000 || unsafeRun.Verdict != lab.Breaks {
+		t.Fatalf("unsafe run: %+v", unsafeRun)
 	}
-	_, idem := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5")
-	if idem["charges_applied"] != float64(1) || idem["duplicates_prevented"] != float64(4) || idem["verdict"] != "holds" {
-		t.Fatalf("idempotent run: %v", idem)
+	idem := getRun(t, a.URL()+"/charge-idempotent?attempts=5")
+	if idem.ChargesApplied != 1 || idem.DuplicatesPrevented != 4 || idem.Verdict != lab.Holds {
+		t.Fatalf("idempotent run: %+v", idem)
 	}
-	_, again := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5")
-	if again["charges_applied"] != float64(0) || again["idempotency_hits"] != float64(5) || again["verdict"] != "holds" {
-		t.Fatalf("repeated run: %v", again)
+	again := getRun(t, a.URL()+"/charge-idempotent?attempts=5")
+	if again.ChargesApplied != 0 || again.IdempotencyHits != 5 || again.Verdict != lab.Holds {
+		t.Fatalf("repeated run: %+v", again)
 	}
-	if n := keyCharges(t, a, "acme", lab.StoreMemory, "order-4711"); n != 1 {
+	if n := keyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
 		t.Fatalf("ledger: %d memory charges for order-4711, want 1", n)
 	}
 	for _, q := range []struct{ query, param string }{
@@ -305,23 +311,22 @@ func TestLabRoutes(t *testing.T) {
 		{"replicas=9", "replicas"}, {"fault=meteor", "fault"},
 	} {
 		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?"+q.query, nil, "")
-		p := r.JSON(t)
+		p := labtest.Decode[lab.Problem](t, r)
 		ranged := q.param != "store" && q.param != "fault" // the others name their allowed range
-		if r.Status != http.StatusBadRequest || p["param"] != q.param || ranged && !strings.Contains(p["detail"].(string), "..") {
+		if r.Status != http.StatusBadRequest || p.Param != q.param || ranged && !strings.Contains(p.Detail, "..") {
 			t.Errorf("%s: %d %s", q.query, r.Status, r.Body)
 		}
 	}
-	if n := keyCharges(t, a, "acme", lab.StoreMemory, "order-4711"); n != 1 {
+	if n := keyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
 		t.Fatalf("bad parameters charged: %d", n)
 	}
-	_, state := labtest.Get(t, a.URL()+"/idempotency/state?limit=1")
-	mem := state["stores"].(map[string]any)["memory"].(map[string]any)
-	if mem["total"] != float64(1) || len(mem["keys"].([]any)) != 1 {
-		t.Fatalf("state: %v", state)
+	state := labtest.Decode[stateReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/idempotency/state?limit=1", nil, ""))
+	if mem := state.Stores[memory.Name]; mem.Total != 1 || len(mem.Keys) != 1 {
+		t.Fatalf("state: %+v", state)
 	}
-	_, sum := labtest.Get(t, a.URL()+"/diagnostics/summary")
-	if len(sum["recent_runs"].([]any)) != 3 {
-		t.Fatalf("summary: %v", sum)
+	sum := labtest.Decode[summaryReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/diagnostics/summary", nil, ""))
+	if len(sum.RecentRuns) != 3 {
+		t.Fatalf("summary: %+v", sum)
 	}
 	r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, "")
 	if r.Status != http.StatusOK {
@@ -330,26 +335,25 @@ func TestLabRoutes(t *testing.T) {
 	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
 		t.Fatalf("reset left charges: %+v", s)
 	}
-	_, fresh := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5")
-	if fresh["charges_applied"] != float64(1) {
-		t.Fatalf("after reset: %v", fresh)
+	if fresh := getRun(t, a.URL()+"/charge-idempotent?attempts=5"); fresh.ChargesApplied != 1 {
+		t.Fatalf("after reset: %+v", fresh)
 	}
 }
 
 func TestResetNeedsAdminToken(t *testing.T) {
-	a := labtest.Start(t, app.Config{AdminToken: "s3cret"})
-	labtest.Charge(t, a.URL(), lab.StoreMemory, labtest.Acme, "k", body2500)
+	a := startLab(t, labConfig(func(c *app.Config) { c.AdminToken = "s3cret" }))
+	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", body2500)
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusUnauthorized {
 		t.Fatalf("reset without token: %d", r.Status)
 	}
-	if keyCharges(t, a, "acme", lab.StoreMemory, "k") != 1 {
+	if keyCharges(t, a, "acme", memory.Name, "k") != 1 {
 		t.Fatal("a refused reset deleted charges")
 	}
 	h := http.Header{"Authorization": {"Bearer s3cret"}}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", h, ""); r.Status != http.StatusOK {
 		t.Fatalf("reset with token: %d %s", r.Status, r.Body)
 	}
-	if keyCharges(t, a, "acme", lab.StoreMemory, "k") != 0 {
+	if keyCharges(t, a, "acme", memory.Name, "k") != 0 {
 		t.Fatal("reset kept charges")
 	}
 	// Restarting a store forgets keys too: it needs the token, and runs that
@@ -357,13 +361,13 @@ func TestResetNeedsAdminToken(t *testing.T) {
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/restart-store?store=memory", nil, ""); r.Status != http.StatusUnauthorized {
 		t.Fatalf("restart without token: %d", r.Status)
 	}
-	if _, rep := labtest.Get(t, a.URL()+"/charge-idempotent?fault=store_restart&attempts=3&key=k-admin"); rep["verdict"] != "breaks" || rep["key_charges"] != float64(2) {
-		t.Fatalf("store_restart run with an admin token: %v", rep)
+	if rep := getRun(t, a.URL()+"/charge-idempotent?fault=store_restart&attempts=3&key=k-admin"); rep.Verdict != lab.Breaks || rep.KeyCharges != 2 {
+		t.Fatalf("store_restart run with an admin token: %+v", rep)
 	}
 }
 
 func TestBasePathAndMetrics(t *testing.T) {
-	a := labtest.Start(t, app.Config{BasePath: "/16"})
+	a := startLab(t, labConfig(func(c *app.Config) { c.BasePath = "/16" }))
 	if !strings.HasSuffix(a.URL(), "/16") {
 		t.Fatalf("URL %s", a.URL())
 	}
@@ -381,8 +385,8 @@ func TestBasePathAndMetrics(t *testing.T) {
 	if page.Status != http.StatusOK || !strings.Contains(string(page.Body), `const BASE = "/16";`) {
 		t.Fatalf("page: %d, base path not set", page.Status)
 	}
-	if _, index := labtest.Get(t, a.URL()+"/"); index["stores"] == nil {
-		t.Fatalf("JSON index: %v", index)
+	if index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, "")); len(index.Variants) != 4 || len(index.Stores) != 4 {
+		t.Fatalf("JSON index: %+v", index)
 	}
 	if r := labtest.Do(t, http.MethodGet, strings.TrimSuffix(a.URL(), "/16")+"/health", nil, ""); r.Status != http.StatusNotFound {
 		t.Fatalf("route outside the base path: %d", r.Status)
@@ -390,48 +394,69 @@ func TestBasePathAndMetrics(t *testing.T) {
 }
 
 func TestOutboxIsDelivered(t *testing.T) {
-	a := labtest.Start(t, app.Config{})
+	a := startLab(t, labConfig())
 	labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		_, ob := labtest.Get(t, a.URL()+"/outbox")
-		if ob["outbox_delivered"] == float64(1) && ob["outbox_pending"] == float64(0) && ob["receipts"] == float64(1) {
+		ob := labtest.Decode[outboxReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/outbox", nil, ""))
+		if ob.Delivered == 1 && ob.Pending == 0 && ob.Receipts == 1 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("outbox not delivered: %v", ob)
+			t.Fatalf("outbox not delivered: %+v", ob)
 		}
-		time.Sleep(50 * time.Millisecond)
+		_ = lab.Sleep(t.Context(), 50*time.Millisecond) // the relay polls; so does this test, bounded
 	}
-}
-
-func ExampleDemoTenants() {
-	fmt.Println(len(app.DemoTenants()))
-	// Output: 2
 }
 
 // TestSummaryCountsOperations: the summary's duplicates are charges beyond
 // the first of one operation; charges without a key are each their own.
 func TestSummaryCountsOperations(t *testing.T) {
-	for _, store := range []string{lab.StoreMemory, lab.StorePostgres} {
-		t.Run(store, func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
+	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
+		t.Run(string(store), func(t *testing.T) {
+			a := startLab(t, storeConfig(t, store))
 			for i, account := range []string{"a", "b", "c"} {
 				body := fmt.Sprintf(`{"account":%q,"amount_cents":%d}`, account, 100*(i+1))
-				if r := labtest.Charge(t, a.URL(), lab.StoreUnsafe, labtest.Acme, "", body); r.Status != http.StatusCreated {
+				if r := labtest.Charge(t, a.URL(), nokey.Name, labtest.Acme, "", body); r.Status != http.StatusCreated {
 					t.Fatalf("keyless charge: %d %s", r.Status, r.Body)
 				}
 			}
 			labtest.Get(t, a.URL()+"/charge-unsafe?attempts=3&key=k-sum&amount=700")
-			_, sum := labtest.Get(t, a.URL()+"/diagnostics/summary")
-			stores := sum["stores"].([]any)
-			if len(stores) != 1 {
-				t.Fatalf("summary: %v", sum)
+			sum := labtest.Decode[summaryReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/diagnostics/summary", nil, ""))
+			if len(sum.Stores) != 1 {
+				t.Fatalf("summary: %+v", sum)
 			}
-			u := stores[0].(map[string]any)
-			if u["charges_applied"] != float64(6) || u["operations"] != float64(4) || u["duplicates_applied"] != float64(2) || u["overcharged_cents"] != float64(1400) {
-				t.Fatalf("unsafe summary: %v", u)
+			if u := sum.Stores[0]; u.ChargesApplied != 6 || u.Operations != 4 || u.DuplicatesApplied != 2 || u.OverchargedCents != 1400 {
+				t.Fatalf("unsafe summary: %+v", u)
 			}
 		})
 	}
+}
+
+// The lab routes' answers, as the tests read them.
+type (
+	stateReply struct {
+		Stores map[lab.StoreName]struct {
+			Keys  []lab.KeyState `json:"keys"`
+			Total int            `json:"total"`
+		} `json:"stores"`
+	}
+	summaryReply struct {
+		Stores     []lab.StoreSummary  `json:"stores"`
+		RecentRuns []experiment.Report `json:"recent_runs"`
+	}
+	outboxReply struct {
+		lab.OutboxStats
+		Receipts int `json:"receipts"`
+	}
+)
+
+// getRun fires a lab run by URL and decodes its report.
+func getRun(t *testing.T, url string) experiment.Report {
+	t.Helper()
+	r := labtest.Do(t, http.MethodGet, url, nil, "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("%s: %d %s", url, r.Status, r.Body)
+	}
+	return labtest.Decode[experiment.Report](t, r)
 }

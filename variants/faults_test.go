@@ -1,7 +1,8 @@
-package app_test
+package variants_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -14,13 +15,15 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/postgres"
 )
 
 // postWithFault sends a charge carrying a Lab-Fault header and returns the
 // transport error when the server dropped the connection.
-func postWithFault(t *testing.T, base, store, key, fault string) (*http.Response, error) {
+func postWithFault(t *testing.T, base string, store lab.StoreName, key, fault string) (*http.Response, error) {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, base+"/charges?store="+store, strings.NewReader(body2500))
+	req, _ := http.NewRequest(http.MethodPost, base+"/charges?store="+string(store), strings.NewReader(body2500))
 	req.Header.Set("Authorization", "Bearer "+labtest.Acme)
 	req.Header.Set("Idempotency-Key", key)
 	req.Header.Set(lab.FaultHeader, fault)
@@ -34,22 +37,22 @@ func postWithFault(t *testing.T, base, store, key, fault string) (*http.Response
 }
 
 func TestLostResponseAfterCommitReplays(t *testing.T) {
-	cfg := storeConfig(t, lab.StorePostgres)
+	cfg := storeConfig(t, postgres.Name)
 	schema := cfg.PGSchema
 	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	a := labtest.Start(t, cfg)
-	_, err = postWithFault(t, a.URL(), lab.StorePostgres, "k-lost", lab.FaultCrashAfterCharge)
+	a := startLab(t, cfg)
+	_, err = postWithFault(t, a.URL(), postgres.Name, "k-lost", string(lab.FaultCrashAfterCharge))
 	if err == nil || !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "EOF") {
 		t.Fatalf("want a dropped connection, got %v", err)
 	}
-	if n := keyCharges(t, a, "acme", lab.StorePostgres, "k-lost"); n != 1 {
+	if n := keyCharges(t, a, "acme", postgres.Name, "k-lost"); n != 1 {
 		t.Fatalf("ledger after the lost response: %d charges, want 1 (committed)", n)
 	}
-	retry := labtest.Charge(t, a.URL(), lab.StorePostgres, labtest.Acme, "k-lost", body2500)
+	retry := labtest.Charge(t, a.URL(), postgres.Name, labtest.Acme, "k-lost", body2500)
 	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d replayed=%q %s", retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
 	}
@@ -62,38 +65,38 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if retry.JSON(t)["id"] != id || string(retry.Body) != string(stored) {
+	if labtest.Decode[lab.Charge](t, retry).ID != id || string(retry.Body) != string(stored) {
 		t.Fatalf("replay %s, committed charge %s with response %s", retry.Body, id, stored)
 	}
-	if n := keyCharges(t, a, "acme", lab.StorePostgres, "k-lost"); n != 1 {
+	if n := keyCharges(t, a, "acme", postgres.Name, "k-lost"); n != 1 {
 		t.Fatalf("ledger after the retry: %d charges, want 1", n)
 	}
 }
 
 func TestFaultsCanBeSwitchedOff(t *testing.T) {
-	a, err := app.Start(context.Background(), app.Config{Addr: "127.0.0.1:0", FaultsEnabled: false})
+	a, err := app.Start(context.Background(), labConfig(func(c *app.Config) { c.FaultsEnabled = false }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	resp, err := postWithFault(t, a.URL(), lab.StoreMemory, "k-f", lab.FaultCrashAfterCharge)
+	resp, err := postWithFault(t, a.URL(), memory.Name, "k-f", string(lab.FaultCrashAfterCharge))
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("fault header with faults off: %v %v", resp, err)
 	}
-	if r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?fault=slow", nil, ""); r.Status != http.StatusForbidden || r.JSON(t)["code"] != "faults_disabled" {
+	if r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?fault=slow", nil, ""); r.Status != http.StatusForbidden || labtest.Decode[lab.Problem](t, r).Code != "faults_disabled" {
 		t.Fatalf("fault run with faults off: %d %s", r.Status, r.Body)
 	}
-	if n := keyCharges(t, a, "acme", lab.StoreMemory, "k-f"); n != 0 {
+	if n := keyCharges(t, a, "acme", memory.Name, "k-f"); n != 0 {
 		t.Fatalf("a refused fault charged %d times", n)
 	}
 	// Plain runs do not need faults.
-	if _, rep := labtest.Get(t, a.URL()+"/charge-idempotent?attempts=3&key=k-plain"); rep["verdict"] != "holds" || rep["charges_applied"] != float64(1) {
-		t.Fatalf("plain run with faults off: %v", rep)
+	if rep := getRun(t, a.URL()+"/charge-idempotent?attempts=3&key=k-plain"); rep.Verdict != lab.Holds || rep.ChargesApplied != 1 {
+		t.Fatalf("plain run with faults off: %+v", rep)
 	}
-	if _, rep := labtest.Get(t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain"); rep["verdict"] != "breaks" || rep["charges_applied"] != float64(3) {
-		t.Fatalf("plain unsafe run with faults off: %v", rep)
+	if rep := getRun(t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain"); rep.Verdict != lab.Breaks || rep.ChargesApplied != 3 {
+		t.Fatalf("plain unsafe run with faults off: %+v", rep)
 	}
-	resp, err = postWithFault(t, labtest.Start(t, app.Config{}).URL(), lab.StoreMemory, "k-f", "meteor")
+	resp, err = postWithFault(t, startLab(t, labConfig()).URL(), memory.Name, "k-f", "meteor")
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("unknown fault: %v %v", resp, err)
 	}
@@ -102,7 +105,7 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 // TestShutdownFinishesInFlight closes the lab while a slow charge is in
 // flight: the charge completes and its client gets the answer.
 func TestShutdownFinishesInFlight(t *testing.T) {
-	a, err := app.Start(context.Background(), app.Config{Addr: "127.0.0.1:0", FaultsEnabled: true})
+	a, err := app.Start(context.Background(), labConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,10 +115,10 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := postWithFault(t, a.URL(), lab.StoreMemory, "k-shutdown", "slow; work_ms=400")
+		resp, err := postWithFault(t, a.URL(), memory.Name, "k-shutdown", "slow; work_ms=400")
 		done <- result{resp, err}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitForKey(t, a.URL(), memory.Name, "k-shutdown", lab.KeyInFlight) // the charge is in flight
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := a.Close(ctx); err != nil {
@@ -125,7 +128,28 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	if r.err != nil || r.resp.StatusCode != http.StatusCreated {
 		t.Fatalf("in-flight charge during shutdown: %v %v", r.resp, r.err)
 	}
-	if n := keyCharges(t, a, "acme", lab.StoreMemory, "k-shutdown"); n != 1 {
+	if n := keyCharges(t, a, "acme", memory.Name, "k-shutdown"); n != 1 {
 		t.Fatalf("ledger holds %d charges, want 1", n)
+	}
+}
+
+// waitForKey polls one key's state until it is want (bounded): a test waits
+// for the lab to reach a state, never for a fixed time.
+func waitForKey(t *testing.T, base string, store lab.StoreName, key, want string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}}
+	for {
+		r := labtest.Do(t, http.MethodGet, base+"/idempotency/state?store="+string(store)+"&key="+key, h, "")
+		var got struct {
+			KeyState string `json:"key_state"`
+		}
+		if err := json.Unmarshal(r.Body, &got); err == nil && got.KeyState == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key %s never became %s (last answer %d %s)", key, want, r.Status, r.Body)
+		}
+		_ = lab.Sleep(t.Context(), 5*time.Millisecond)
 	}
 }

@@ -1,4 +1,4 @@
-package postgres
+package pgdb
 
 import (
 	"context"
@@ -16,16 +16,14 @@ import (
 // PostgreSQL, shared by every replica and every store.
 type Books struct {
 	pool *pgxpool.Pool
+	now  lab.Clock // outbox schedules and ages use the lab's clock, not the server's
 }
 
 // NewBooks returns books on pool (whose search_path is the lab's schema).
-func NewBooks(pool *pgxpool.Pool) *Books { return &Books{pool: pool} }
+func NewBooks(pool *pgxpool.Pool, now lab.Clock) *Books { return &Books{pool: pool, now: now} }
 
 // Kind names the backend.
 func (b *Books) Kind() string { return "postgres" }
-
-// Ping checks the connection.
-func (b *Books) Ping(ctx context.Context) error { return b.pool.Ping(ctx) }
 
 // Apply records the charge and its event in one transaction, or nothing.
 func (b *Books) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
@@ -34,14 +32,15 @@ func (b *Books) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
 	// CONFLICT must see the row its twin committed.
 	err := pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		var err error
-		c, err = applyTx(ctx, tx, a)
+		c, err = ApplyTx(ctx, tx, a)
 		return err
 	})
 	return c, err
 }
 
-// applyTx inserts the ledger entry, and the outbox event when given, in tx.
-func applyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
+// ApplyTx inserts the ledger entry, and the outbox event when given, in tx:
+// a store that decides in PostgreSQL charges inside its own transaction.
+func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 	e := a.Entry
 	var order *string
 	if e.OrderID != "" {
@@ -120,10 +119,9 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 	var s lab.RunStats
 	err := b.pool.QueryRow(ctx, `
 		SELECT (SELECT count(*) FROM charges WHERE run_id = $1),
-		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1),
 		       (SELECT count(*) FROM provider_receipts WHERE run_id = $1 AND direct)`, run).
-		Scan(&s.Charges, &s.AmountCents, &s.OutboxEvents, &s.DirectSends)
+		Scan(&s.Charges, &s.OutboxEvents, &s.DirectSends)
 	if err != nil {
 		return s, fmt.Errorf("error reading run stats: %w", err)
 	}
@@ -162,18 +160,24 @@ func (b *Books) Summary(ctx context.Context) ([]lab.StoreSummary, error) {
 func (b *Books) Balance(ctx context.Context, tenant, account string) (int64, error) {
 	var n int64
 	err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE tenant_id = $1 AND account = $2`, tenant, account).Scan(&n)
-	return n, err
+	if err != nil {
+		return 0, fmt.Errorf("error reading the balance: %w", err)
+	}
+	return n, nil
 }
 
 // KeyCharges tallies the charges one store made under one tenant's key.
-func (b *Books) KeyCharges(ctx context.Context, tenant, store, key string) (lab.KeyTally, error) {
+func (b *Books) KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error) {
 	var k lab.KeyTally
 	err := b.pool.QueryRow(ctx, `
 		SELECT count(*), coalesce(sum(amount_cents), 0)::bigint,
 		       coalesce((array_agg(amount_cents ORDER BY created_at, id))[1], 0)::bigint
 		FROM charges WHERE tenant_id = $1 AND store = $2 AND idempotency_key = $3`, tenant, store, key).
 		Scan(&k.Charges, &k.Cents, &k.FirstCents)
-	return k, err
+	if err != nil {
+		return k, fmt.Errorf("error tallying the key's charges: %w", err)
+	}
+	return k, nil
 }
 
 const eventColumns = `event_id::text, event_type, charge_id, tenant_id, run_id, payload::text, state, attempts,
@@ -194,11 +198,11 @@ func scanEvent(row pgx.CollectableRow) (lab.Event, error) {
 // ClaimDue leases due events; SKIP LOCKED lets several relays share the work.
 func (b *Books) ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
 	rows, err := b.pool.Query(ctx, `
-		UPDATE outbox SET attempts = attempts + 1, next_attempt_at = now() + make_interval(secs => $2)
+		UPDATE outbox SET attempts = attempts + 1, next_attempt_at = $3::timestamptz + make_interval(secs => $2)
 		WHERE event_id IN (
-			SELECT event_id FROM outbox WHERE state = 'pending' AND next_attempt_at <= now()
+			SELECT event_id FROM outbox WHERE state = 'pending' AND next_attempt_at <= $3
 			ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-		RETURNING `+eventColumns, limit, lease.Seconds())
+		RETURNING `+eventColumns, limit, lease.Seconds(), b.now())
 	if err != nil {
 		return nil, fmt.Errorf("error claiming events: %w", err)
 	}
@@ -207,16 +211,20 @@ func (b *Books) ClaimDue(ctx context.Context, limit int, lease time.Duration) ([
 
 // MarkDelivered records a successful delivery.
 func (b *Books) MarkDelivered(ctx context.Context, id string) error {
-	_, err := b.pool.Exec(ctx, `UPDATE outbox SET state = 'delivered', delivered_at = now(), last_error = NULL WHERE event_id = $1::uuid AND state = 'pending'`, id)
-	return err
+	if _, err := b.pool.Exec(ctx, `UPDATE outbox SET state = 'delivered', delivered_at = $2, last_error = NULL WHERE event_id = $1::uuid AND state = 'pending'`, id, b.now()); err != nil {
+		return fmt.Errorf("error marking event %s delivered: %w", id, err)
+	}
+	return nil
 }
 
 // MarkFailed schedules another try, or gives up.
 func (b *Books) MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error {
-	_, err := b.pool.Exec(ctx, `
+	if _, err := b.pool.Exec(ctx, `
 		UPDATE outbox SET next_attempt_at = $2, last_error = $3, state = CASE WHEN $4 THEN 'dead' ELSE state END
-		WHERE event_id = $1::uuid AND state = 'pending'`, id, next, reason, dead)
-	return err
+		WHERE event_id = $1::uuid AND state = 'pending'`, id, next, reason, dead); err != nil {
+		return fmt.Errorf("error recording the failed delivery of %s: %w", id, err)
+	}
+	return nil
 }
 
 // Events lists the newest events.
@@ -235,19 +243,33 @@ func (b *Books) OutboxStats(ctx context.Context) (lab.OutboxStats, error) {
 	err := b.pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'delivered'),
 		       count(*) FILTER (WHERE state = 'dead'),
-		       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
-		FROM outbox`).Scan(&s.Pending, &s.Delivered, &s.Dead, &oldest)
+		       coalesce(extract(epoch FROM $1::timestamptz - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
+		FROM outbox`, b.now()).Scan(&s.Pending, &s.Delivered, &s.Dead, &oldest)
+	if err != nil {
+		return s, fmt.Errorf("error counting outbox events: %w", err)
+	}
 	s.OldestPendingAge = time.Duration(oldest * float64(time.Second))
-	return s, err
+	return s, nil
 }
 
-// Deliver records a receipt at the simulated provider, deduplicated by event id.
-func (b *Books) Deliver(ctx context.Context, e lab.Event, direct bool) (bool, error) {
+// Deliver records a receipt the relay delivered at the simulated provider,
+// deduplicated by event id, and reports whether it was a duplicate.
+func (b *Books) Deliver(ctx context.Context, e lab.Event) (bool, error) {
+	return b.receive(ctx, e, false)
+}
+
+// SendDirect records a receipt sent outside any transaction.
+func (b *Books) SendDirect(ctx context.Context, e lab.Event) error {
+	_, err := b.receive(ctx, e, true)
+	return err
+}
+
+func (b *Books) receive(ctx context.Context, e lab.Event, direct bool) (bool, error) {
 	var deliveries int
 	err := b.pool.QueryRow(ctx, `
-		INSERT INTO provider_receipts (event_id, run_id, direct) VALUES ($1::uuid, $2, $3)
-		ON CONFLICT (event_id) DO UPDATE SET deliveries = provider_receipts.deliveries + 1, last_received_at = now()
-		RETURNING deliveries`, e.ID, e.Run, direct).Scan(&deliveries)
+		INSERT INTO provider_receipts (event_id, run_id, direct, first_received_at, last_received_at) VALUES ($1::uuid, $2, $3, $4, $4)
+		ON CONFLICT (event_id) DO UPDATE SET deliveries = provider_receipts.deliveries + 1, last_received_at = EXCLUDED.last_received_at
+		RETURNING deliveries`, e.ID, e.Run, direct, b.now()).Scan(&deliveries)
 	if err != nil {
 		return false, fmt.Errorf("error recording receipt: %w", err)
 	}
@@ -258,7 +280,10 @@ func (b *Books) Deliver(ctx context.Context, e lab.Event, direct bool) (bool, er
 func (b *Books) Receipts(ctx context.Context, run string) (int, int, error) {
 	var unique, deliveries int
 	err := b.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(deliveries), 0)::int FROM provider_receipts WHERE $1 = '' OR run_id = $1`, run).Scan(&unique, &deliveries)
-	return unique, deliveries, err
+	if err != nil {
+		return 0, 0, fmt.Errorf("error counting receipts: %w", err)
+	}
+	return unique, deliveries, nil
 }
 
 // Reset empties the lab's own tables, and nothing else.

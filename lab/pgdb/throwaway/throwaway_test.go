@@ -1,4 +1,6 @@
-package embedded_test
+//go:build linux
+
+package throwaway_test
 
 import (
 	"context"
@@ -14,14 +16,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/goleak"
 
-	"github.com/idempotency-lab/lab/variants/postgres/embedded"
+	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
 )
 
 // requireBinaries skips when PostgreSQL is not installed, unless the run
 // demands real services.
 func requireBinaries(t *testing.T) {
 	t.Helper()
-	if _, err := embedded.Find(); err != nil {
+	if _, err := throwaway.Find(); err != nil {
 		if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
 			t.Fatalf("LAB_REQUIRE_SERVICES=1 but PostgreSQL server binaries are missing: %v", err)
 		}
@@ -31,7 +33,7 @@ func requireBinaries(t *testing.T) {
 
 func TestFind(t *testing.T) {
 	requireBinaries(t)
-	dir, err := embedded.Find()
+	dir, err := throwaway.Find()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +52,7 @@ func TestStartUseClose(t *testing.T) {
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
 
-	c, err := embedded.Start(ctx, logger)
+	c, err := throwaway.Start(ctx, logger)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -125,7 +127,7 @@ func TestStartCanceled(t *testing.T) {
 	requireBinaries(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	c, err := embedded.Start(ctx, nil)
+	c, err := throwaway.Start(ctx, nil)
 	if err == nil {
 		_ = c.Close()
 		t.Fatal("Start with a canceled context succeeded")

@@ -1,4 +1,6 @@
-package redis
+// Package redisdb holds the Redis the lab can start by itself: an embedded
+// server (miniredis) for runs with no REDIS_URL.
+package redisdb
 
 import (
 	"fmt"

@@ -1,4 +1,6 @@
-package memory
+// Package inmem keeps the lab's books (ledger, outbox, provider receipts) in
+// process memory: the ground truth when no PostgreSQL is configured.
+package inmem
 
 import (
 	"cmp"
@@ -15,7 +17,7 @@ import (
 // a charge and its event one atomic step.
 type Books struct {
 	mu       sync.Mutex
-	now      func() time.Time
+	now      lab.Clock
 	entries  []lab.Entry
 	charges  map[string]lab.Charge // by id, as answered
 	orders   map[string]string     // tenant|order_id -> charge id
@@ -31,11 +33,8 @@ type receipt struct {
 	deliveries int
 }
 
-// NewBooks returns empty in-memory books; now may be nil for time.Now.
-func NewBooks(now func() time.Time) *Books {
-	if now == nil {
-		now = time.Now
-	}
+// NewBooks returns empty in-memory books telling time by now.
+func NewBooks(now lab.Clock) *Books {
 	b := &Books{now: now}
 	b.clear()
 	return b
@@ -105,7 +104,6 @@ func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
 	for _, e := range b.entries {
 		if e.Run == run {
 			s.Charges++
-			s.AmountCents += e.AmountCents
 		}
 	}
 	for _, ev := range b.events {
@@ -125,8 +123,11 @@ func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
 func (b *Books) Summary(context.Context) ([]lab.StoreSummary, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	type op struct{ store, tenant, key, order string }
-	byStore := map[string]*lab.StoreSummary{}
+	type op struct {
+		store               lab.StoreName
+		tenant, key, order string
+	}
+	byStore := map[lab.StoreName]*lab.StoreSummary{}
 	firstAmount := map[op]int64{}
 	for _, e := range b.entries {
 		s := byStore[e.Store]
@@ -169,7 +170,7 @@ func (b *Books) Balance(_ context.Context, tenant, account string) (int64, error
 }
 
 // KeyCharges tallies the charges one store made under one tenant's key.
-func (b *Books) KeyCharges(_ context.Context, tenant, store, key string) (lab.KeyTally, error) {
+func (b *Books) KeyCharges(_ context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var k lab.KeyTally
@@ -261,17 +262,28 @@ func (b *Books) OutboxStats(context.Context) (lab.OutboxStats, error) {
 	return s, nil
 }
 
-// Deliver records a receipt at the simulated provider, deduplicated by event id.
-func (b *Books) Deliver(_ context.Context, e lab.Event, direct bool) (bool, error) {
+// Deliver records a receipt the relay delivered at the simulated provider,
+// deduplicated by event id, and reports whether it was a duplicate.
+func (b *Books) Deliver(_ context.Context, e lab.Event) (bool, error) {
+	return b.receive(e, false), nil
+}
+
+// SendDirect records a receipt sent outside any transaction.
+func (b *Books) SendDirect(_ context.Context, e lab.Event) error {
+	b.receive(e, true)
+	return nil
+}
+
+func (b *Books) receive(e lab.Event, direct bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	r := b.receipts[e.ID]
 	if r != nil {
 		r.deliveries++
-		return true, nil
+		return true
 	}
 	b.receipts[e.ID] = &receipt{run: e.Run, direct: direct, deliveries: 1}
-	return false, nil
+	return false
 }
 
 // Receipts counts the distinct receipts and deliveries of a run ("" for all).

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
+)
+
+// setting binds one app.Config field to a flag and an environment variable.
+// The flag's default is the field's value in app.DefaultConfig.
+type setting struct {
+	flag  string
+	env   string
+	usage string
+	value flag.Value
+}
+
+// settings lists every configurable field of c, in the order --help shows them.
+func settings(c *app.Config, logLevel *string) []setting {
+	return []setting{
+		{"addr", "LAB_ADDR", "listen address", (*text)(&c.Addr)},
+		{"base-path", "LAB_BASE_PATH", "route prefix when behind a hub, e.g. /16", (*text)(&c.BasePath)},
+		{"tenants", "LAB_TENANTS", "bearer tokens and their tenants, token:tenant,...", (*tenants)(&c.Tenants)},
+		{"admin-token", "LAB_ADMIN_TOKEN", "token that /reset-lab and /lab/restart-store require; empty means none", (*text)(&c.AdminToken)},
+		{"faults", "LAB_FAULTS", "fault injection, on or off", (*onOff)(&c.FaultsEnabled)},
+		{"default-store", "LAB_DEFAULT_STORE", "store of POST /charges without ?store= and of /charge-idempotent", (*storeName)(&c.DefaultStore)},
+		{"dedupe-window", "LAB_DEDUPE_WINDOW", "how long a completed key is kept", (*duration)(&c.Window)},
+		{"inflight-wait", "LAB_INFLIGHT_WAIT", "bounded wait for an in-flight request with the same key before 409", (*duration)(&c.InFlightWait)},
+		{"claim-ttl", "LAB_CLAIM_TTL", "lifetime of a redis claim", (*duration)(&c.ClaimTTL)},
+		{"sweep-interval", "LAB_SWEEP_INTERVAL", "how often expired keys are swept", (*duration)(&c.SweepInterval)},
+		{"max-replicas", "LAB_MAX_REPLICAS", "in-process replicas a run may use, 1..8", (*integer)(&c.MaxReplicas)},
+		{"peers", "LAB_PEERS", "base URLs of peer lab processes, comma-separated (cluster mode)", (*list)(&c.Peers)},
+		{"replica", "LAB_REPLICA", "name of this replica", (*text)(&c.Replica)},
+		{"database-url", "DATABASE_URL", "PostgreSQL URL; holds the ledger, the outbox and the postgres store", (*text)(&c.DatabaseURL)},
+		{"pg-schema", "LAB_PG_SCHEMA", "the lab's own PostgreSQL schema", (*text)(&c.PGSchema)},
+		{"pg-pool-size", "LAB_PG_POOL_SIZE", "PostgreSQL connections per replica, 1..500", (*integer)(&c.PGPoolSize)},
+		{"embedded-postgres", "LAB_EMBEDDED_POSTGRES", "without DATABASE_URL, start a throwaway PostgreSQL cluster when the server binaries are installed; on or off", (*onOff)(&c.EmbedPostgres)},
+		{"redis-url", "REDIS_URL", "Redis URL for the redis store", (*text)(&c.RedisURL)},
+		{"redis-prefix", "LAB_REDIS_PREFIX", "prefix of every Redis key the lab writes", (*text)(&c.RedisPrefix)},
+		{"embedded-redis", "LAB_EMBEDDED_REDIS", "without REDIS_URL, start an embedded Redis (miniredis); on or off", (*onOff)(&c.EmbedRedis)},
+		{"log-level", "LAB_LOG_LEVEL", "debug, info, warn or error", (*text)(logLevel)},
+	}
+}
+
+// declare puts the settings on fs, then applies the environment (lookup),
+// so flags given on the command line win over it.
+func declare(fs *flag.FlagSet, ss []setting, lookup func(string) (string, bool)) error {
+	for _, s := range ss {
+		fs.Var(s.value, s.flag, s.usage)
+	}
+	for _, s := range ss {
+		if v, ok := lookup(s.env); ok && v != "" {
+			if err := s.value.Set(v); err != nil {
+				return fmt.Errorf("environment variable %s: %w", s.env, err)
+			}
+		}
+	}
+	return nil
+}
+
+// usage prints each setting as: -flag  env NAME  default VALUE, then what it does.
+func usage(w io.Writer, name string, fs *flag.FlagSet, ss []setting) {
+	fmt.Fprintf(w, "usage: %s [flags]\n\nflags (each also read from its environment variable; a flag wins):\n", name)
+	listed := map[string]bool{}
+	for _, s := range ss {
+		def := fs.Lookup(s.flag).DefValue
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(w, "  -%-20s env %-22s default %s\n      %s\n", s.flag, s.env, def, s.usage)
+		listed[s.flag] = true
+	}
+	fs.VisitAll(func(f *flag.Flag) { // the command's own flags
+		if !listed[f.Name] {
+			fmt.Fprintf(w, "  -%-20s default %s\n      %s\n", f.Name, f.DefValue, f.Usage)
+		}
+	})
+}
+
+type text string
+
+func (t *text) String() string     { return string(*t) }
+func (t *text) Set(v string) error { *t = text(v); return nil }
+
+type storeName lab.StoreName
+
+func (s *storeName) String() string     { return string(*s) }
+func (s *storeName) Set(v string) error { *s = storeName(v); return nil }
+
+type duration time.Duration
+
+// String prints 24h rather than 24h0m0s, as people write it.
+func (d *duration) String() string {
+	s := time.Duration(*d).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+func (d *duration) Set(v string) error {
+	p, err := time.ParseDuration(v)
+	if err != nil || p <= 0 {
+		return fmt.Errorf("must be a positive duration such as 2s (got %q)", v)
+	}
+	*d = duration(p)
+	return nil
+}
+
+type integer int
+
+func (i *integer) String() string { return strconv.Itoa(int(*i)) }
+func (i *integer) Set(v string) error {
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return fmt.Errorf("must be an integer (got %q)", v)
+	}
+	*i = integer(n)
+	return nil
+}
+
+type onOff bool
+
+func (b *onOff) String() string {
+	if *b {
+		return "on"
+	}
+	return "off"
+}
+func (b *onOff) Set(v string) error {
+	switch v {
+	case "on", "true", "1":
+		*b = true
+	case "off", "false", "0":
+		*b = false
+	default:
+		return fmt.Errorf("must be on or off (got %q)", v)
+	}
+	return nil
+}
+
+type list []string
+
+func (l *list) String() string { return strings.Join(*l, ",") }
+func (l *list) Set(v string) error {
+	*l = nil
+	for p := range strings.SplitSeq(v, ",") {
+		if p = strings.TrimSuffix(strings.TrimSpace(p), "/"); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+type tenants map[string]string
+
+func (t *tenants) String() string {
+	pairs := make([]string, 0, len(*t))
+	for token, tenant := range *t {
+		pairs = append(pairs, token+":"+tenant)
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, ",")
+}
+func (t *tenants) Set(v string) error {
+	out := map[string]string{}
+	for pair := range strings.SplitSeq(v, ",") {
+		token, tenant, ok := strings.Cut(strings.TrimSpace(pair), ":")
+		if !ok || token == "" || tenant == "" {
+			return fmt.Errorf("must be token:tenant pairs separated by commas (got %q)", pair)
+		}
+		out[token] = tenant
+	}
+	*t = out
+	return nil
+}

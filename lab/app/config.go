@@ -1,0 +1,174 @@
+package app
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/variant"
+)
+
+// Config is the whole configuration of a lab. DefaultConfig fills in every
+// default, in this one place; Start only validates. The command's flags and
+// environment variables are derived from these fields (cmd/lab).
+type Config struct {
+	// Addr is the listen address. Default 127.0.0.1:8616.
+	Addr string
+	// BasePath prefixes every route when the lab sits behind a hub, e.g.
+	// "/16". Default none.
+	BasePath string
+	// Tenants maps bearer tokens to tenants. Default the two demo tenants,
+	// demo-token-acme → acme and demo-token-globex → globex.
+	Tenants map[string]string
+	// AdminToken, when set, is required by /reset-lab and
+	// /lab/restart-store. Default none.
+	AdminToken string
+	// FaultsEnabled accepts the Lab-Fault header and fault= runs. Default on.
+	FaultsEnabled bool
+	// DefaultStore is the store of POST /charges without ?store= and of
+	// /charge-idempotent. Default memory.
+	DefaultStore lab.StoreName
+	// Window is how long a completed key is kept (the dedupe window).
+	// Default 24h.
+	Window time.Duration
+	// InFlightWait bounds the wait for an in-flight request with the same
+	// key before 409. Default 2s.
+	InFlightWait time.Duration
+	// ClaimTTL is the lifetime of a lock-style claim (redis). Default 30s.
+	ClaimTTL time.Duration
+	// SweepInterval is how often expired keys are swept. Default 1m.
+	SweepInterval time.Duration
+	// MaxReplicas is how many in-process replicas a run may use, 1..8.
+	// Default 8.
+	MaxReplicas int
+	// Peers are the base URLs of peer processes (cluster mode). Default none.
+	Peers []string
+	// Replica names this replica. Default r1.
+	Replica string
+	// DatabaseURL is the PostgreSQL holding the ledger, the outbox and the
+	// postgres store. Default none (then the throwaway cluster, or memory).
+	DatabaseURL string
+	// PGSchema is the lab's own schema. Default idempotency_lab.
+	PGSchema string
+	// PGPoolSize is the connections per replica pool, 1..500. Default 20.
+	PGPoolSize int
+	// EmbedPostgres starts a throwaway cluster when DatabaseURL is unset and
+	// the PostgreSQL server binaries are installed. Default on.
+	EmbedPostgres bool
+	// RedisURL is the Redis of the redis store. Default none (then the
+	// embedded one).
+	RedisURL string
+	// RedisPrefix starts every Redis key the lab writes. Default
+	// idempotency-lab:.
+	RedisPrefix string
+	// EmbedRedis starts an embedded Redis (miniredis) when RedisURL is
+	// unset. Default on.
+	EmbedRedis bool
+	// Variants are the designs the lab offers, in presentation order. The
+	// command passes every built-in one (variants.Builtin).
+	Variants []variant.Variant
+	// Clock tells the time to every service. Default time.Now.
+	Clock lab.Clock
+	// Logger receives the lab's logs. Default: discarded.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the lab's defaults, with no variants.
+func DefaultConfig() Config {
+	return Config{
+		Addr:          "127.0.0.1:8616",
+		Tenants:       map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"},
+		FaultsEnabled: true,
+		DefaultStore:  "memory",
+		Window:        24 * time.Hour,
+		InFlightWait:  2 * time.Second,
+		ClaimTTL:      30 * time.Second,
+		SweepInterval: time.Minute,
+		MaxReplicas:   8,
+		Replica:       "r1",
+		PGSchema:      "idempotency_lab",
+		PGPoolSize:    20,
+		EmbedPostgres: true,
+		RedisPrefix:   "idempotency-lab:",
+		EmbedRedis:    true,
+		Clock:         time.Now,
+		Logger:        slog.New(slog.DiscardHandler),
+	}
+}
+
+var replicaName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
+
+// Validate reports every setting that is out of range.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if c.Addr == "" {
+		bad("addr is required (e.g. 127.0.0.1:8616)")
+	}
+	if c.BasePath != "" && (!strings.HasPrefix(c.BasePath, "/") || strings.ContainsAny(c.BasePath, "?#")) {
+		bad("base path must start with / and hold no ? or # (got %q)", c.BasePath)
+	}
+	if len(c.Tenants) == 0 {
+		bad("at least one tenant is required")
+	}
+	for token, tenant := range c.Tenants {
+		if token == "" || tenant == "" || lab.ValidateKey(token) != nil || lab.ValidateKey(tenant) != nil {
+			bad("tenant %q with token %q: both must be printable text", tenant, token)
+		}
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval}} {
+		if d.v <= 0 {
+			bad("%s must be a positive duration (got %s)", d.name, d.v)
+		}
+	}
+	if c.MaxReplicas < 1 || c.MaxReplicas > 8 {
+		bad("max replicas must be in 1..8 (got %d)", c.MaxReplicas)
+	}
+	if c.PGPoolSize < 1 || c.PGPoolSize > 500 {
+		bad("pg pool size must be in 1..500 (got %d)", c.PGPoolSize)
+	}
+	if err := pgdb.CheckSchema(c.PGSchema); err != nil {
+		errs = append(errs, err)
+	}
+	if c.RedisPrefix == "" {
+		bad("redis prefix is required: the lab only touches keys under it")
+	}
+	if !replicaName.MatchString(c.Replica) {
+		bad("replica name must be 1..32 letters, digits, '.', '_' or '-' (got %q)", c.Replica)
+	}
+	for _, p := range c.Peers {
+		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("peer %q must be an http(s) base URL", p)
+		}
+	}
+	if len(c.Peers) > 0 && c.DatabaseURL == "" {
+		bad("cluster mode (peers) needs a shared ledger: set DATABASE_URL to the PostgreSQL every replica uses; " +
+			"an embedded or in-memory ledger would give each process its own ground truth")
+	}
+	if len(c.Variants) == 0 {
+		bad("no variants: the lab needs at least one design to offer")
+	}
+	if c.Clock == nil || c.Logger == nil {
+		bad("clock and logger are required")
+	}
+	known := false
+	for _, v := range c.Variants {
+		known = known || v.Name == c.DefaultStore
+	}
+	if len(c.Variants) > 0 && !known {
+		bad("default store %q is not a registered variant", c.DefaultStore)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	return nil
+}

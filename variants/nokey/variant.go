@@ -1,0 +1,47 @@
+package nokey
+
+import (
+	"context"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/variant"
+)
+
+// Variant declares the unsafe store to the registry.
+func Variant() variant.Variant {
+	return variant.Variant{
+		Name:        Name,
+		Label:       "no key",
+		Decides:     "it doesn't: every request is a new charge",
+		Keys:        "nowhere: the key is ignored",
+		RequiresKey: false,
+		Effects:     "direct",
+		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
+			return New(books{d.Ledger, d.Sender}, d.Clock)
+		},
+		Mechanisms: map[variant.Case]variant.Mechanism{
+			variant.CaseRetries:  {Usual: lab.Breaks, Holds: "only one attempt reached the server", Breaks: "no key is checked: every attempt is a new charge"},
+			variant.CaseReplicas: {Usual: lab.Breaks, Holds: "only one attempt reached the servers", Breaks: "no key is checked on any replica: every attempt is a new charge"},
+			variant.FaultCase(lab.FaultSlow): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
+				Breaks: "no key is checked, so slowness changes nothing: every attempt charges"},
+			variant.FaultCase(lab.FaultCrashAfterClaim): {Usual: lab.Breaks, Holds: "the crash came before the charge and only one retry followed",
+				Breaks: "nothing was claimed; the crashed attempt charged nothing, but every retry charges"},
+			variant.FaultCase(lab.FaultCrashAfterCharge): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
+				Breaks: "the lost response leaves a charge the client cannot see; its retries charge again"},
+			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
+				Breaks: "the receipt is sent directly, outside any transaction: the failed send leaves a charge whose receipt never went out, and every retry charges again"},
+			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
+				Breaks: "there is no state to lose: every retry charges anyway"},
+			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",
+				Breaks: "no key is checked: the late retry charges like every other"},
+			variant.CaseReused:  {Usual: lab.Breaks, Holds: "only the first attempt could charge", Breaks: "the key is ignored, so another amount under the same key is simply another charge"},
+			variant.CaseTenants: {Usual: lab.Breaks, Holds: "each tenant was charged once", Breaks: "no key is checked: each tenant's attempts all charge"},
+		},
+	}
+}
+
+// books joins the ledger and the direct sender the assembly hands over.
+type books struct {
+	lab.Ledger
+	lab.DirectSender
+}

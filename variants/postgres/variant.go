@@ -1,0 +1,50 @@
+package postgres
+
+import (
+	"context"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/variant"
+)
+
+// Name is the variant's name in the lab.
+const Name lab.StoreName = "postgres"
+
+// Variant declares the postgres store to the registry.
+func Variant() variant.Variant {
+	return variant.Variant{
+		Name:        Name,
+		Label:       "one transaction",
+		Decides:     "INSERT … ON CONFLICT on (tenant, endpoint, key), with charge, outbox event and stored response in one transaction",
+		Keys:        "PostgreSQL table idempotency_requests, claimed by INSERT … ON CONFLICT in the charge's transaction",
+		RequiresKey: true,
+		Effects:     "outbox",
+		Needs:       []variant.Need{variant.NeedPostgres},
+		HowToEnable: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",
+		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
+			return New(Config{Pool: d.Postgres, Window: d.Window, Wait: d.Wait, AppName: d.AppName, ResetPools: d.ResetPools, Now: d.Clock})
+		},
+		Mechanisms: map[variant.Case]variant.Mechanism{
+			variant.CaseRetries: {Usual: lab.Holds, Holds: "INSERT … ON CONFLICT on the primary key picks one owner; the others wait on its row lock, then replay the committed response",
+				Breaks: "the unique key did not stop a duplicate"},
+			variant.CaseReplicas: {Usual: lab.Holds, Holds: "every replica inserts into the same unique index: one owner across them all",
+				Breaks: "the unique key did not stop a duplicate across replicas"},
+			variant.FaultCase(lab.FaultSlow): {Usual: lab.Holds, Holds: "the row lock lasts exactly as long as the transaction: twins wait (bounded, then 409) and replay after the commit",
+				Breaks: "slowness let a twin in"},
+			variant.FaultCase(lab.FaultCrashAfterClaim): {Usual: lab.Holds, Holds: "the crash rolled back the open transaction, claim included: the retry charged once",
+				Breaks: "the rolled-back claim still let two charges in"},
+			variant.FaultCase(lab.FaultCrashAfterCharge): {Usual: lab.Holds, Holds: "key, charge, outbox event and response committed together: the retry after the lost response replays the original charge",
+				Breaks: "the lost response led to a second charge"},
+			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Holds, Holds: "the failed outbox insert rolled back charge and key together: nothing stayed, and the retry charged once",
+				Breaks: "the failed write left a charge behind"},
+			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Holds, Holds: "the connections died but the committed rows did not: the retry replays",
+				Breaks: "the restart lost a committed key"},
+			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "after the window the key row is reclaimed, but the unique (tenant, order_id) constraint refuses a second charge: the permanent domain key holds",
+				Breaks: "past the retention window the key is new again: without a permanent domain key (order_id) the late retry charges again"},
+			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
+				Breaks: "the other amount was charged"},
+			variant.CaseTenants: {Usual: lab.Holds, Holds: "the primary key is (tenant, endpoint, key): each tenant is charged once",
+				Breaks: "the tenants' keys collided"},
+		},
+	}
+}

@@ -1,0 +1,138 @@
+package variants_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api"
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants"
+)
+
+// lookFirst is the toy variant of docs/design.md ("Adding a variant"): it
+// looks the key up, and charges when it finds nothing. Between the look and
+// the charge there is a gap, so concurrent twins all find nothing.
+type lookFirst struct {
+	ledger lab.Ledger
+	now    lab.Clock
+	mu     sync.Mutex
+	seen   map[string]lab.Response
+}
+
+func (s *lookFirst) Name() lab.StoreName { return "look-first" }
+
+func (s *lookFirst) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	s.mu.Lock()
+	resp, ok := s.seen[a.Scope.String()]
+	s.mu.Unlock()
+	if ok {
+		return lab.Outcome{Response: resp, Replayed: true}, nil
+	}
+	resp, err := lab.Perform(ctx, s.ledger, a, s.now()) // the gap: a twin may be here too
+	if err != nil {
+		return lab.Outcome{}, err
+	}
+	s.mu.Lock()
+	s.seen[a.Scope.String()] = resp
+	s.mu.Unlock()
+	return lab.Outcome{Response: resp}, nil
+}
+
+func lookFirstVariant() variant.Variant {
+	return variant.Variant{
+		Name: "look-first", Label: "look, then charge", RequiresKey: true, Effects: "outbox",
+		Decides: "reads the key, charges when absent: check-then-act",
+		Keys:    "a map in this replica's heap, read and written under separate locks",
+		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
+			return &lookFirst{ledger: d.Ledger, now: d.Clock, seen: map[string]lab.Response{}}, nil
+		},
+		Mechanisms: map[variant.Case]variant.Mechanism{
+			variant.CaseRetries: {Usual: lab.Breaks, Holds: "the attempts happened not to overlap",
+				Breaks: "every twin looked before any had charged: each found nothing and charged"},
+		},
+	}
+}
+
+// TestAVariantIsOnePackageAndOneLine registers a throwaway variant beside
+// the built-in ones and finds it everywhere the lab lists designs, with no
+// other edit: the index the page builds its controls from, POST /charges,
+// the lab runs with their explanation, and the matrix.
+func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
+	a := startLab(t, labConfig(func(c *app.Config) {
+		c.Variants = append(variants.Builtin(), lookFirstVariant())
+	}))
+
+	index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, ""))
+	last := index.Variants[len(index.Variants)-1]
+	if last.Name != "look-first" || !last.Available || last.Label != "look, then charge" || !last.RequiresKey {
+		t.Fatalf("index lists %+v last", last)
+	}
+	if _, ok := index.Stores["look-first"]; !ok {
+		t.Fatal("index.stores lacks the new variant")
+	}
+
+	if r := labtest.Charge(t, a.URL(), "look-first", labtest.Acme, "k-toy", body2500); r.Status != http.StatusCreated {
+		t.Fatalf("POST /charges: %d %s", r.Status, r.Body)
+	}
+	if r := labtest.Charge(t, a.URL(), "look-first", labtest.Acme, "k-toy", body2500); r.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("sequential retry: %d, replayed %q", r.Status, r.Header.Get("Idempotent-Replayed"))
+	}
+	rep := getRun(t, a.URL()+"/charge-idempotent?store=look-first&attempts=16&key=k-toy-storm")
+	if rep.ExpectedVerdict != lab.Breaks || rep.Explanation == "" {
+		t.Fatalf("run: expected %q, explanation %q", rep.ExpectedVerdict, rep.Explanation)
+	}
+	if n := keyCharges(t, a, "acme", "look-first", "k-toy-storm"); n != rep.KeyCharges || n < 1 {
+		t.Fatalf("ledger holds %d charges, the report %d", n, rep.KeyCharges)
+	}
+
+	m, err := a.Server().Matrix(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Stores[len(m.Stores)-1]; got != "look-first" {
+		t.Fatalf("matrix columns %v", m.Stores)
+	}
+	for _, row := range m.Rows {
+		c := row.Cells[len(row.Cells)-1]
+		if c.Store != "look-first" || !c.Available || c.RunID == "" {
+			t.Errorf("%s: cell %+v, want a real run", row.Case.Name, c)
+		}
+	}
+	var md strings.Builder
+	if err := m.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "`look-first`") {
+		t.Fatalf("markdown lacks the column (%v):\n%s", err, md.String())
+	}
+}
+
+// TestRegistryRefusesBadVariants: names, effects, needs and verdicts are
+// checked once, when the lab starts.
+func TestRegistryRefusesBadVariants(t *testing.T) {
+	ok := lookFirstVariant()
+	for name, mutate := range map[string]func(*variant.Variant){
+		"duplicate name": func(v *variant.Variant) { v.Name = "memory" },
+		"bad name":       func(v *variant.Variant) { v.Name = "Look First" },
+		"no open":        func(v *variant.Variant) { v.Open = nil },
+		"bad effects":    func(v *variant.Variant) { v.Effects = "carrier pigeon" },
+		"unknown need":   func(v *variant.Variant) { v.Needs = []variant.Need{"kafka"} },
+		"bad verdict": func(v *variant.Variant) {
+			v.Mechanisms = map[variant.Case]variant.Mechanism{variant.CaseRetries: {Usual: "maybe"}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			v := ok
+			mutate(&v)
+			if _, err := variant.NewRegistry(append(variants.Builtin(), v)...); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	if _, err := variant.NewRegistry(append(variants.Builtin(), ok)...); err != nil {
+		t.Fatalf("refused a good variant: %v", err)
+	}
+}

@@ -1,0 +1,22 @@
+// Package variants registers the lab's idempotency designs, in the order
+// the lab presents them. Adding a design is a package under variants/ and
+// one line here.
+package variants
+
+import (
+	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/nokey"
+	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/redis"
+)
+
+// Builtin returns every design the lab ships.
+func Builtin() []variant.Variant {
+	return []variant.Variant{
+		nokey.Variant(),
+		memory.Variant(),
+		redis.Variant(),
+		postgres.Variant(),
+	}
+}
