@@ -148,11 +148,11 @@ func (k KeyTally) OverchargedCents() int64 { return k.Cents - k.FirstCents }
 // StoreSummary aggregates the ledger per store.
 type StoreSummary struct {
 	Store             StoreName `json:"store"`
-	ChargesApplied    int    `json:"charges_applied"`
-	Operations        int    `json:"operations"` // distinct (tenant, key, order) charged
-	DuplicatesApplied int    `json:"duplicates_applied"`
-	AmountCents       int64  `json:"amount_cents"`
-	OverchargedCents  int64  `json:"overcharged_cents"`
+	ChargesApplied    int       `json:"charges_applied"`
+	Operations        int       `json:"operations"` // distinct (tenant, key, order) charged
+	DuplicatesApplied int       `json:"duplicates_applied"`
+	AmountCents       int64     `json:"amount_cents"`
+	OverchargedCents  int64     `json:"overcharged_cents"`
 }
 
 // OutboxStats summarises the outbox.

@@ -124,7 +124,7 @@ func (b *Books) Summary(context.Context) ([]lab.StoreSummary, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	type op struct {
-		store               lab.StoreName
+		store              lab.StoreName
 		tenant, key, order string
 	}
 	byStore := map[lab.StoreName]*lab.StoreSummary{}
