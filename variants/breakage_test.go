@@ -77,6 +77,7 @@ func is(want int) func(int) bool { return func(n int) bool { return n == want } 
 // the charges it added, and a fault run on such a key says the fault had
 // nothing to act on instead of explaining a crash that never happened.
 func TestRunsAreJudgedByWhatTheyAdd(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, fullConfig(t))
 	if rep := labRun(t, a.URL(), memory.Name, "key=k-hist&fault=store_restart&attempts=2"); rep.Verdict != lab.Breaks {
 		t.Fatalf("store_restart: %v", rep.Verdict)
@@ -111,6 +112,7 @@ func labRun(t *testing.T, base string, store lab.StoreName, query string) experi
 }
 
 func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
+	t.Parallel()
 	cfg := fullConfig(t)
 	cfg.InFlightWait = 100 * time.Millisecond // shorter than the claim TTL, so the client sees the 409s
 	a := startLab(t, cfg)
@@ -128,6 +130,7 @@ func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
 }
 
 func TestOutboxFailureReports(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, fullConfig(t))
 	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name} {
 		rep := labRun(t, a.URL(), store, "key=k-ofail-"+string(store)+"&fault=outbox_fail&attempts=2")
@@ -227,6 +230,7 @@ func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 // TestInProcessReplicas gives the same verdicts as three real processes
 // (see cmd/lab's TestThreeProcesses): one charge per replica for memory.
 func TestInProcessReplicas(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, fullConfig(t))
 	for store, want := range map[lab.StoreName]struct {
 		charges int

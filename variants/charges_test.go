@@ -104,6 +104,7 @@ func keyCharges(t *testing.T, a *app.App, tenant string, store lab.StoreName, ke
 // idempotentStores are the stores under test: memory always, the others
 // when their services are configured (see storeConfig).
 func TestConcurrentRetriesChargeOnce(t *testing.T) {
+	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
 			a := startLab(t, storeConfig(t, store))
@@ -147,6 +148,7 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 }
 
 func TestUnsafeChargesEveryAttempt(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig())
 	replies := fireCharges(t, a.URL(), nokey.Name, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
 	for _, r := range replies {
@@ -161,6 +163,7 @@ func TestUnsafeChargesEveryAttempt(t *testing.T) {
 }
 
 func TestKeyReusedWithOtherPayload(t *testing.T) {
+	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
 			a := startLab(t, storeConfig(t, store))
@@ -185,6 +188,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 }
 
 func TestBadRequestsChangeNothing(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig())
 	cases := []struct {
 		name, key, body, code, param string
@@ -226,6 +230,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 }
 
 func TestAuthAndStoreErrors(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig())
 	if r := labtest.Charge(t, a.URL(), memory.Name, "nope", "k", body2500); r.Status != http.StatusUnauthorized || labtest.Decode[lab.Problem](t, r).Code != "unauthorized" {
 		t.Fatalf("unknown token: %d %s", r.Status, r.Body)
@@ -243,6 +248,7 @@ func TestAuthAndStoreErrors(t *testing.T) {
 }
 
 func TestTenantsAreIsolated(t *testing.T) {
+	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
 			a := startLab(t, storeConfig(t, store))
@@ -266,17 +272,22 @@ func TestTenantsAreIsolated(t *testing.T) {
 }
 
 func TestKeyIsNewAfterWindow(t *testing.T) {
+	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
+			clock := labtest.NewClock(time.Now())
 			cfg := storeConfig(t, store)
-			cfg.Window = time.Second // long enough for the replay on a loaded machine
+			cfg.Window, cfg.Clock = time.Second, clock.Now
 			a := startLab(t, cfg)
 			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if first.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("first %d, replay %q", first.Status, replay.Header.Get("Idempotent-Replayed"))
 			}
-			time.Sleep(1200 * time.Millisecond)
+			clock.Advance(2 * time.Second) // memory and postgres expire keys by the lab's clock
+			if store == redis.Name {
+				waitForKey(t, a.URL(), store, "k-window", lab.KeyAbsent) // Redis by its own TTL
+			}
 			late := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(late.Body, first.Body) {
 				t.Fatalf("after the window: %d replayed=%q", late.Status, late.Header.Get("Idempotent-Replayed"))
@@ -289,6 +300,7 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 }
 
 func TestLabRoutes(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig())
 	unsafeRun := getRun(t, a.URL()+"/charge-unsafe?attempts=5")
 	if unsafeRun.ChargesApplied != 5 || unsafeRun.OverchargedCents != 10000 || unsafeRun.Verdict != lab.Breaks {
@@ -341,6 +353,7 @@ func TestLabRoutes(t *testing.T) {
 }
 
 func TestResetNeedsAdminToken(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig(func(c *app.Config) { c.AdminToken = "s3cret" }))
 	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", body2500)
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusUnauthorized {
@@ -367,6 +380,7 @@ func TestResetNeedsAdminToken(t *testing.T) {
 }
 
 func TestBasePathAndMetrics(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig(func(c *app.Config) { c.BasePath = "/16" }))
 	if !strings.HasSuffix(a.URL(), "/16") {
 		t.Fatalf("URL %s", a.URL())
@@ -394,6 +408,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 }
 
 func TestOutboxIsDelivered(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig())
 	labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
 	deadline := time.Now().Add(5 * time.Second)
@@ -412,6 +427,7 @@ func TestOutboxIsDelivered(t *testing.T) {
 // TestSummaryCountsOperations: the summary's duplicates are charges beyond
 // the first of one operation; charges without a key are each their own.
 func TestSummaryCountsOperations(t *testing.T) {
+	t.Parallel()
 	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 		t.Run(string(store), func(t *testing.T) {
 			a := startLab(t, storeConfig(t, store))

@@ -37,6 +37,7 @@ func postWithFault(t *testing.T, base string, store lab.StoreName, key, fault st
 }
 
 func TestLostResponseAfterCommitReplays(t *testing.T) {
+	t.Parallel()
 	cfg := storeConfig(t, postgres.Name)
 	schema := cfg.PGSchema
 	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
@@ -74,6 +75,7 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 }
 
 func TestFaultsCanBeSwitchedOff(t *testing.T) {
+	t.Parallel()
 	a, err := app.Start(context.Background(), labConfig(func(c *app.Config) { c.FaultsEnabled = false }))
 	if err != nil {
 		t.Fatal(err)
@@ -105,6 +107,7 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 // TestShutdownFinishesInFlight closes the lab while a slow charge is in
 // flight: the charge completes and its client gets the answer.
 func TestShutdownFinishesInFlight(t *testing.T) {
+	t.Parallel()
 	a, err := app.Start(context.Background(), labConfig())
 	if err != nil {
 		t.Fatal(err)

@@ -64,6 +64,7 @@ func lookFirstVariant() variant.Variant {
 // other edit: the index the page builds its controls from, POST /charges,
 // the lab runs with their explanation, and the matrix.
 func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
+	t.Parallel()
 	a := startLab(t, labConfig(func(c *app.Config) {
 		c.Variants = append(variants.Builtin(), lookFirstVariant())
 	}))
@@ -113,6 +114,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 // TestRegistryRefusesBadVariants: names, effects, needs and verdicts are
 // checked once, when the lab starts.
 func TestRegistryRefusesBadVariants(t *testing.T) {
+	t.Parallel()
 	ok := lookFirstVariant()
 	for name, mutate := range map[string]func(*variant.Variant){
 		"duplicate name": func(v *variant.Variant) { v.Name = "memory" },

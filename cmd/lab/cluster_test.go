@@ -17,6 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
@@ -198,11 +199,13 @@ func TestThreeProcesses(t *testing.T) {
 		// The first attempt goes to r2 alone and owns the key: its
 		// transaction stays open for work_ms=600 while the others arrive.
 		wg.Go(func() { final[0] = retryUntilAnswered(t, procs, 1, key) })
-		time.Sleep(100 * time.Millisecond)
+		// Wait, in PostgreSQL itself, until the owner sits in its open
+		// transaction, then until a twin queues behind its row lock.
+		waitForLocks(t, pool, schema, "owner", `count(*) FILTER (WHERE a.state = 'idle in transaction') = 1`)
 		for i := 1; i < len(final); i++ {
 			wg.Go(func() { final[i] = retryUntilAnswered(t, procs, i%3, key) })
 		}
-		time.Sleep(150 * time.Millisecond)
+		waitForLocks(t, pool, schema, "a waiting twin", `count(*) FILTER (WHERE w.pid IS NOT NULL) >= 1`)
 		if err := procs[1].cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -224,6 +227,34 @@ func TestThreeProcesses(t *testing.T) {
 			t.Fatal("the killed replica's charge survived: its transaction should have rolled back")
 		}
 	})
+}
+
+// waitForLocks polls, bounded, until the sessions that hold a write lock on
+// this test's idempotency_requests table satisfy cond, an aggregate over
+// a (pg_stat_activity) and w (their ungranted lock waits, if any).
+func waitForLocks(t *testing.T, pool *pgxpool.Pool, schema, what, cond string) {
+	t.Helper()
+	q := `SELECT ` + cond + `
+		FROM pg_locks l
+		JOIN pg_class c ON c.oid = l.relation
+		JOIN pg_namespace n ON n.oid = c.relnamespace
+		JOIN pg_stat_activity a ON a.pid = l.pid
+		LEFT JOIN pg_locks w ON w.pid = l.pid AND NOT w.granted
+		WHERE n.nspname = $1 AND c.relname = 'idempotency_requests' AND l.mode = 'RowExclusiveLock' AND l.granted`
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var ok bool
+		if err := pool.QueryRow(context.Background(), q, schema).Scan(&ok); err != nil {
+			t.Fatalf("reading locks: %v", err)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("PostgreSQL never showed %s", what)
+		}
+		_ = lab.Sleep(t.Context(), 5*time.Millisecond)
+	}
 }
 
 // retryUntilAnswered is a client retrying one charge: on a dropped

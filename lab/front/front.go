@@ -5,6 +5,7 @@ package front
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -35,14 +36,13 @@ type Front struct {
 // New builds a front for the replicas' base URLs. Replicas start out of the
 // rotation until their first health check passes.
 func New(targets []string, interval time.Duration, log *slog.Logger) (*Front, error) {
-	if len(targets) == 0 {
-		return nil, fmt.Errorf("the front needs at least one replica URL")
-	}
-	if interval <= 0 {
-		interval = time.Second
-	}
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	switch {
+	case len(targets) == 0:
+		return nil, errors.New("the front needs at least one replica URL")
+	case interval <= 0:
+		return nil, fmt.Errorf("the health check interval must be positive (got %s)", interval)
+	case log == nil:
+		return nil, errors.New("the front needs a logger")
 	}
 	f := &Front{
 		balancer: middleware.NewRoundRobinBalancer(nil), interval: interval, log: log,

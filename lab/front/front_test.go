@@ -3,6 +3,7 @@ package front_test
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -29,7 +30,7 @@ func replica(t *testing.T, name string, sick *atomic.Bool) *httptest.Server {
 func TestRoundRobinSkipsUnhealthy(t *testing.T) {
 	var sickA, sickB atomic.Bool
 	a, b := replica(t, "a", &sickA), replica(t, "b", &sickB)
-	f, err := front.New([]string{a.URL, b.URL}, time.Hour, nil)
+	f, err := front.New([]string{a.URL, b.URL}, time.Hour, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func TestRoundRobinSkipsUnhealthy(t *testing.T) {
 
 func TestRejectsBadTargets(t *testing.T) {
 	for _, targets := range [][]string{nil, {"not a url"}, {"127.0.0.1:8616"}} {
-		if _, err := front.New(targets, time.Second, nil); err == nil {
+		if _, err := front.New(targets, time.Second, slog.New(slog.DiscardHandler)); err == nil {
 			t.Errorf("front.New(%q) accepted", targets)
 		}
 	}

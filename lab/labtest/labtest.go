@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -174,4 +175,27 @@ func Decode[T any](tb testing.TB, r Reply) T {
 		tb.Fatalf("decoding %q: %v", r.Body, err)
 	}
 	return v
+}
+
+// Clock is a clock a test moves by hand: expiry and backoff without sleeping.
+type Clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+// NewClock starts a clock at start.
+func NewClock(start time.Time) *Clock { return &Clock{now: start} }
+
+// Now tells the clock's time; pass it as a lab.Clock.
+func (c *Clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock forward by d.
+func (c *Clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,24 +25,6 @@ type books interface {
 	Receipts(ctx context.Context, run string) (int, int, error)
 }
 
-// clock is a clock the test moves by hand, so backoff needs no sleeping.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
 // flaky fails the first n deliveries, then passes them to the books.
 type flaky struct {
 	relay.Provider
@@ -58,9 +39,9 @@ func (f *flaky) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 }
 
 // setup returns both kinds of books on one hand-moved clock.
-func setup(t *testing.T) (map[string]books, *clock) {
+func setup(t *testing.T) (map[string]books, *labtest.Clock) {
 	t.Helper()
-	c := &clock{now: time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)}
+	c := labtest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
 	url, schema := labtest.Postgres(t)
 	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 4, AppName: "relay-test", Migrate: true})
 	if err != nil {
@@ -70,7 +51,7 @@ func setup(t *testing.T) (map[string]books, *clock) {
 	return map[string]books{"memory": inmem.NewBooks(c.Now), "postgres": pgdb.NewBooks(pool, c.Now)}, c
 }
 
-func newRelay(t *testing.T, b books, p relay.Provider, c *clock, maxAttempts int) *relay.Relay {
+func newRelay(t *testing.T, b books, p relay.Provider, c *labtest.Clock, maxAttempts int) *relay.Relay {
 	t.Helper()
 	cfg := relay.Defaults()
 	cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, p, c.Now, slog.New(slog.DiscardHandler)
@@ -82,7 +63,7 @@ func newRelay(t *testing.T, b books, p relay.Provider, c *clock, maxAttempts int
 	return r
 }
 
-func charge(t *testing.T, b books, c *clock, key string) lab.Event {
+func charge(t *testing.T, b books, c *labtest.Clock, key string) lab.Event {
 	t.Helper()
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 100, Currency: "USD"}
 	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: "memory", Run: "run-relay"}
@@ -176,7 +157,7 @@ func TestProviderDeduplicates(t *testing.T) {
 }
 
 func TestRunStopsOnCancel(t *testing.T) {
-	c := &clock{now: time.Now()}
+	c := labtest.NewClock(time.Now())
 	b := inmem.NewBooks(c.Now)
 	r := newRelay(t, b, b, c, 8)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -194,7 +175,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 }
 
 func TestNewRejectsBadSettings(t *testing.T) {
-	c := &clock{}
+	c := labtest.NewClock(time.Time{})
 	b := inmem.NewBooks(c.Now)
 	for name, mutate := range map[string]func(*relay.Config){
 		"no outbox":    func(cfg *relay.Config) { cfg.Outbox = nil },

@@ -53,6 +53,7 @@ func attempt(key string, amount int64) lab.Attempt {
 }
 
 func TestConcurrentClaimsChargeOnce(t *testing.T) {
+	t.Parallel()
 	books := inmem.NewBooks(time.Now)
 	s := newStore(t, memory.Config{Ledger: books})
 	var wg sync.WaitGroup
@@ -75,6 +76,7 @@ func TestConcurrentClaimsChargeOnce(t *testing.T) {
 }
 
 func TestExpiredKeysAreEvicted(t *testing.T) {
+	t.Parallel()
 	var c clock
 	s := newStore(t, memory.Config{Ledger: inmem.NewBooks(c.now), Window: time.Second, Now: c.now})
 	ctx := context.Background()
@@ -95,6 +97,7 @@ func TestExpiredKeysAreEvicted(t *testing.T) {
 }
 
 func TestFailedWorkReleasesTheKey(t *testing.T) {
+	t.Parallel()
 	books := inmem.NewBooks(time.Now)
 	s := newStore(t, memory.Config{Ledger: books})
 	a := attempt("k-fail", 100)
@@ -134,6 +137,7 @@ func BenchmarkFreshKeys(b *testing.B) {
 // crashes die with it (their connections would), instead of sitting out
 // the bounded wait.
 func TestCrashTakesDownWaiters(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		s := newStore(t, memory.Config{Wait: 5 * time.Second})
 		owner := attempt("k-crash", 100)
@@ -175,6 +179,7 @@ func TestCrashTakesDownWaiters(t *testing.T) {
 // recorded charge instead of charging again — within the request, or on
 // the client's retry when the ledger stays silent longer.
 func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		failures int32
@@ -214,32 +219,36 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 // key and then fails (its client leaves during the work) keeps the key and
 // its charge id, so the lost commit is still never repeated.
 func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
-	books := inmem.NewBooks(time.Now)
-	failures := new(atomic.Int32)
-	failures.Store(3)
-	s := newStore(t, memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
-	bg := context.Background()
-	if _, err := s.Charge(bg, attempt("k-take", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
-		t.Fatalf("first: %v", err)
-	}
-	slow := attempt("k-take", 100)
-	slow.Faults = lab.Faults{Point: lab.FaultSlow, Work: time.Second}
-	ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
-	defer cancel()
-	if _, err := s.Charge(ctx, slow); err == nil {
-		t.Fatal("the interrupted retry succeeded")
-	}
-	if _, err := s.Charge(bg, attempt("k-take", 100)); err != nil {
-		t.Fatalf("plain retry: %v", err)
-	}
-	if k, _ := books.KeyCharges(bg, "acme", memory.Name, "k-take"); k.Charges != 1 {
-		t.Fatalf("charges %d, want 1", k.Charges)
-	}
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		books := inmem.NewBooks(time.Now)
+		failures := new(atomic.Int32)
+		failures.Store(3)
+		s := newStore(t, memory.Config{Ledger: labtest.LostCommit{Ledger: books, Failures: failures}})
+		bg := context.Background()
+		if _, err := s.Charge(bg, attempt("k-take", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
+			t.Fatalf("first: %v", err)
+		}
+		slow := attempt("k-take", 100)
+		slow.Faults = lab.Faults{Point: lab.FaultSlow, Work: time.Second}
+		ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond) // the client leaves mid-work
+		defer cancel()
+		if _, err := s.Charge(ctx, slow); err == nil {
+			t.Fatal("the interrupted retry succeeded")
+		}
+		if _, err := s.Charge(bg, attempt("k-take", 100)); err != nil {
+			t.Fatalf("plain retry: %v", err)
+		}
+		if k, _ := books.KeyCharges(bg, "acme", memory.Name, "k-take"); k.Charges != 1 {
+			t.Fatalf("charges %d, want 1", k.Charges)
+		}
+	})
 }
 
 // TestUnsettledKeysExpire: an unsettled key is kept no longer than a
 // completed one, so the table stays bounded even if nobody retries.
 func TestUnsettledKeysExpire(t *testing.T) {
+	t.Parallel()
 	var c clock
 	failures := new(atomic.Int32)
 	failures.Store(3)

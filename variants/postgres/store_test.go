@@ -86,6 +86,7 @@ func (e env) counts(t *testing.T, tenant, key string) (charges, events, keys int
 }
 
 func TestTwoPoolsRaceOnOneKey(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	replicas := []*postgres.Store{newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema}), newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema})}
 	var wg sync.WaitGroup
@@ -118,6 +119,7 @@ func TestTwoPoolsRaceOnOneKey(t *testing.T) {
 }
 
 func TestOutboxFailureRollsBackEverything(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	a := attempt("acme", "fail", 800, "")
@@ -138,6 +140,7 @@ func TestOutboxFailureRollsBackEverything(t *testing.T) {
 }
 
 func TestCrashAfterClaimRollsBack(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	a := attempt("acme", "crash", 800, "")
@@ -157,6 +160,7 @@ func TestCrashAfterClaimRollsBack(t *testing.T) {
 }
 
 func TestKeySurvivesRestart(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	first, err := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
 	if err != nil {
@@ -170,6 +174,7 @@ func TestKeySurvivesRestart(t *testing.T) {
 }
 
 func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	s := newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema})
 	if _, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, "")); err != nil {
@@ -185,6 +190,7 @@ func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
 }
 
 func TestExpiryAndSweeper(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	var mu sync.Mutex
 	now := time.Now()
@@ -257,6 +263,7 @@ func BenchmarkChargeReplay(b *testing.B) {
 }
 
 func TestBalanceTableAgreesWithLedger(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	var wg sync.WaitGroup
@@ -284,6 +291,7 @@ func TestBalanceTableAgreesWithLedger(t *testing.T) {
 // TestReplicasMigrateTogether starts several pools on a new schema at once:
 // the advisory lock lets them all apply the schema without a race.
 func TestReplicasMigrateTogether(t *testing.T) {
+	t.Parallel()
 	url, schema := labtest.Postgres(t)
 	var wg sync.WaitGroup
 	for range 6 {
@@ -305,6 +313,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // locking it, so they never queue behind each other (or behind anything
 // else holding the row) and never turn into a spurious 409.
 func TestReplayDoesNotLockTheKey(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	s := newStore(t, postgres.Config{Pool: e.pool, Wait: 200 * time.Millisecond})
 	ctx := context.Background()
@@ -328,6 +337,7 @@ func TestReplayDoesNotLockTheKey(t *testing.T) {
 // TestWaitIsBoundedByThePool: when every connection is taken the attempt
 // gives up after the bounded wait instead of queueing without end.
 func TestWaitIsBoundedByThePool(t *testing.T) {
+	t.Parallel()
 	url, schema := labtest.Postgres(t)
 	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Migrate: true, Size: 1})
 	if err != nil {
@@ -349,6 +359,7 @@ func TestWaitIsBoundedByThePool(t *testing.T) {
 // TestApplyIsIdempotentByChargeID: applying the same charge twice (a retry
 // after a lost COMMIT answer) returns the recorded charge and adds nothing.
 func TestApplyIsIdempotentByChargeID(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	ctx := context.Background()
 	entry := lab.NewEntry(attempt("acme", "k-twice", 700, ""), time.Now())
@@ -368,6 +379,7 @@ func TestApplyIsIdempotentByChargeID(t *testing.T) {
 // TestReusedKeyWritesNothing: the same key with another amount is refused
 // and leaves the key row, the ledger and the outbox as they were.
 func TestReusedKeyWritesNothing(t *testing.T) {
+	t.Parallel()
 	e := setup(t)
 	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	ctx := context.Background()

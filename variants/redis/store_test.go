@@ -73,6 +73,7 @@ func attempt(key string, amount int64, f lab.Faults) lab.Attempt {
 }
 
 func TestClaimsAndReplays(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
@@ -106,6 +107,7 @@ func TestClaimsAndReplays(t *testing.T) {
 // TestTTLsRunInRealTime: the embedded Redis expires keys on the wall clock,
 // so a claim that outlives its TTL is lost exactly as on a real server.
 func TestTTLsRunInRealTime(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
@@ -134,6 +136,7 @@ func TestTTLsRunInRealTime(t *testing.T) {
 // TestExpiredClaimIsNotCompleted: a worker whose claim expired mid-work
 // must not overwrite the key: the compare-and-set on its token refuses.
 func TestExpiredClaimIsNotCompleted(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
@@ -149,6 +152,7 @@ func TestExpiredClaimIsNotCompleted(t *testing.T) {
 }
 
 func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		books := inmem.NewBooks(time.Now)
 		s := newStore(t, url, books)
@@ -173,6 +177,7 @@ func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
 // TestRestartDeletesOnlyTheLabsKeys: the restart fault never flushes the
 // database.
 func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		s := newStore(t, url, inmem.NewBooks(time.Now))
 		opts, _ := goredis.ParseURL(url)
@@ -204,6 +209,7 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 // client's retry takes it over and the ledger answers with the recorded
 // charge instead of charging again.
 func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		books := inmem.NewBooks(time.Now)
 		failures := new(atomic.Int32)
@@ -232,6 +238,7 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 // TestTakeOverNeverGivesUpTheChargeID: see the memory store's test of the
 // same name.
 func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
+	t.Parallel()
 	eachServer(t, func(t *testing.T, url string) {
 		books := inmem.NewBooks(time.Now)
 		failures := new(atomic.Int32)
