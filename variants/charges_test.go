@@ -385,7 +385,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 	if !strings.HasSuffix(a.URL(), "/16") {
 		t.Fatalf("URL %s", a.URL())
 	}
-	labtest.Get(t, a.URL()+"/charge-idempotent?attempts=3")
+	getRun(t, a.URL()+"/charge-idempotent?attempts=3")
 	r := labtest.Do(t, http.MethodGet, a.URL()+"/metrics", nil, "")
 	for _, series := range []string{
 		`lab_idempotency_claims_total{store="memory"} 1`, `lab_idempotency_replays_total{store="memory"}`,
@@ -410,7 +410,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 func TestOutboxIsDelivered(t *testing.T) {
 	t.Parallel()
 	a := startLab(t, labConfig())
-	labtest.Get(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
+	getRun(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		ob := labtest.Decode[outboxReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/outbox", nil, ""))
@@ -437,7 +437,7 @@ func TestSummaryCountsOperations(t *testing.T) {
 					t.Fatalf("keyless charge: %d %s", r.Status, r.Body)
 				}
 			}
-			labtest.Get(t, a.URL()+"/charge-unsafe?attempts=3&key=k-sum&amount=700")
+			getRun(t, a.URL()+"/charge-unsafe?attempts=3&key=k-sum&amount=700")
 			sum := labtest.Decode[summaryReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/diagnostics/summary", nil, ""))
 			if len(sum.Stores) != 1 {
 				t.Fatalf("summary: %+v", sum)

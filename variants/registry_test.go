@@ -1,10 +1,8 @@
 package variants_test
 
 import (
-	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -15,50 +13,6 @@ import (
 	"github.com/idempotency-lab/lab/variants"
 )
 
-// lookFirst is the toy variant of docs/design.md ("Adding a variant"): it
-// looks the key up, and charges when it finds nothing. Between the look and
-// the charge there is a gap, so concurrent twins all find nothing.
-type lookFirst struct {
-	ledger lab.Ledger
-	now    lab.Clock
-	mu     sync.Mutex
-	seen   map[string]lab.Response
-}
-
-func (s *lookFirst) Name() lab.StoreName { return "look-first" }
-
-func (s *lookFirst) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
-	s.mu.Lock()
-	resp, ok := s.seen[a.Scope.String()]
-	s.mu.Unlock()
-	if ok {
-		return lab.Outcome{Response: resp, Replayed: true}, nil
-	}
-	resp, err := lab.Perform(ctx, s.ledger, a, s.now()) // the gap: a twin may be here too
-	if err != nil {
-		return lab.Outcome{}, err
-	}
-	s.mu.Lock()
-	s.seen[a.Scope.String()] = resp
-	s.mu.Unlock()
-	return lab.Outcome{Response: resp}, nil
-}
-
-func lookFirstVariant() variant.Variant {
-	return variant.Variant{
-		Name: "look-first", Label: "look, then charge", RequiresKey: true, Effects: "outbox",
-		Decides: "reads the key, charges when absent: check-then-act",
-		Keys:    "a map in this replica's heap, read and written under separate locks",
-		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
-			return &lookFirst{ledger: d.Ledger, now: d.Clock, seen: map[string]lab.Response{}}, nil
-		},
-		Mechanisms: map[variant.Case]variant.Mechanism{
-			variant.CaseRetries: {Usual: lab.Breaks, Holds: "the attempts happened not to overlap",
-				Breaks: "every twin looked before any had charged: each found nothing and charged"},
-		},
-	}
-}
-
 // TestAVariantIsOnePackageAndOneLine registers a throwaway variant beside
 // the built-in ones and finds it everywhere the lab lists designs, with no
 // other edit: the index the page builds its controls from, POST /charges,
@@ -66,7 +20,7 @@ func lookFirstVariant() variant.Variant {
 func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	t.Parallel()
 	a := startLab(t, labConfig(func(c *app.Config) {
-		c.Variants = append(variants.Builtin(), lookFirstVariant())
+		c.Variants = append(variants.Builtin(), labtest.LookFirst())
 	}))
 
 	index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, ""))
@@ -115,7 +69,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 // checked once, when the lab starts.
 func TestRegistryRefusesBadVariants(t *testing.T) {
 	t.Parallel()
-	ok := lookFirstVariant()
+	ok := labtest.LookFirst()
 	for name, mutate := range map[string]func(*variant.Variant){
 		"duplicate name": func(v *variant.Variant) { v.Name = "memory" },
 		"bad name":       func(v *variant.Variant) { v.Name = "Look First" },

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
@@ -167,7 +168,7 @@ func TestThreeProcesses(t *testing.T) {
 	schema := schemaOf(t, procs[0])
 
 	t.Run("NineRetriesOverThreeReplicas", func(t *testing.T) {
-		verdicts := map[string]string{"unsafe": "breaks", "memory": "breaks", "redis": "holds", "postgres": "holds"}
+		verdicts := map[string]lab.Verdict{"unsafe": lab.Breaks, "memory": lab.Breaks, "redis": lab.Holds, "postgres": lab.Holds}
 		for store, want := range map[string]int{"unsafe": 9, "memory": 3, "redis": 1, "postgres": 1} {
 			key := "cluster-" + store
 			route := "/charge-idempotent?store=" + store
@@ -178,13 +179,13 @@ func TestThreeProcesses(t *testing.T) {
 			if r.Status != http.StatusOK {
 				t.Fatalf("%s: %d %s", store, r.Status, r.Body)
 			}
-			rep := r.JSON(t)
-			if n, _ := ledger(t, pool, schema, store, key); n != want || rep["charges_applied"] != float64(n) || rep["verdict"] != verdicts[store] {
-				t.Errorf("%s: ledger holds %d charges (report %v, %v), want %d (%s)", store, n, rep["charges_applied"], rep["verdict"], want, verdicts[store])
+			rep := labtest.Decode[experiment.Report](t, r)
+			if n, _ := ledger(t, pool, schema, store, key); n != want || rep.ChargesApplied != n || rep.Verdict != verdicts[store] {
+				t.Errorf("%s: ledger holds %d charges (report %v, %v), want %d (%s)", store, n, rep.ChargesApplied, rep.Verdict, want, verdicts[store])
 			}
 			targets := map[string]bool{}
-			for _, a := range rep["timeline"].([]any) {
-				targets[strings.Split(a.(map[string]any)["target"].(string), "/charges")[0]] = true
+			for _, a := range rep.Timeline {
+				targets[strings.Split(a.Target, "/charges")[0]] = true
 			}
 			if len(targets) != 3 {
 				t.Errorf("%s: attempts reached %d replicas, want 3", store, len(targets))

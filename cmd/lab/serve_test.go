@@ -68,10 +68,12 @@ func TestZeroConfigServe(t *testing.T) {
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	waitHealthy(t, base)
 
-	_, ready := labtest.Get(t, base+"/ready")
-	deps := ready["dependencies"].(map[string]any)
-	if !strings.Contains(fmt.Sprint(deps["postgres"]), "embedded throwaway cluster") || !strings.Contains(fmt.Sprint(deps["redis"]), "embedded") {
-		t.Fatalf("ready: %v", ready)
+	ready := labtest.Decode[struct {
+		Dependencies map[string]struct{ Status, Describe string } `json:"dependencies"`
+	}](t, labtest.Do(t, http.MethodGet, base+"/ready", nil, ""))
+	pg, rd := ready.Dependencies["postgres"], ready.Dependencies["redis"]
+	if pg.Status != "ok" || !strings.Contains(pg.Describe, "embedded throwaway cluster") || rd.Status != "ok" || !strings.Contains(rd.Describe, "embedded") {
+		t.Fatalf("ready: %+v", ready)
 	}
 	for _, store := range []lab.StoreName{"memory", "redis", "postgres"} {
 		r := labtest.Charge(t, base, store, labtest.Acme, "zero-config-"+string(store), `{"account":"acct-1","amount_cents":2500}`)

@@ -53,16 +53,6 @@ type Reply struct {
 	Body   []byte
 }
 
-// JSON decodes the body into a map.
-func (r Reply) JSON(tb testing.TB) map[string]any {
-	tb.Helper()
-	var m map[string]any
-	if err := json.Unmarshal(r.Body, &m); err != nil {
-		tb.Fatalf("decoding %q: %v", r.Body, err)
-	}
-	return m
-}
-
 // Do sends one request.
 func Do(tb testing.TB, method, url string, header http.Header, body string) Reply {
 	tb.Helper()
@@ -95,13 +85,6 @@ func Charge(tb testing.TB, base string, store lab.StoreName, token, key, body st
 		h.Set("Idempotency-Key", key)
 	}
 	return Do(tb, http.MethodPost, base+"/charges?store="+string(store), h, body)
-}
-
-// Get fetches a URL and decodes its JSON object.
-func Get(tb testing.TB, url string) (int, map[string]any) {
-	tb.Helper()
-	r := Do(tb, http.MethodGet, url, nil, "")
-	return r.Status, r.JSON(tb)
 }
 
 // Postgres returns DATABASE_URL and a schema of the test's own, dropped when
