@@ -18,7 +18,7 @@ import (
 // client takes: fresh keys charge, a repeated key replays.
 func benchmarkCharges(b *testing.B, store lab.StoreName, fresh bool) {
 	cfg := fullConfigB(b)
-	a := startLab(b, cfg)
+	a := labtest.Start(b, cfg)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
 	post := func(key string) int {

@@ -21,7 +21,7 @@ import (
 // TestFaults reproduces, from real runs, where each store holds and breaks.
 // Every case reads the ledger, not the report alone.
 func TestFaults(t *testing.T) {
-	a := startLab(t, fullConfig(t))
+	a := labtest.Start(t, fullConfig(t))
 	cases := []struct {
 		name    string
 		store   lab.StoreName
@@ -78,7 +78,7 @@ func is(want int) func(int) bool { return func(n int) bool { return n == want } 
 // nothing to act on instead of explaining a crash that never happened.
 func TestRunsAreJudgedByWhatTheyAdd(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, fullConfig(t))
+	a := labtest.Start(t, fullConfig(t))
 	if rep := labRun(t, a.URL(), memory.Name, "key=k-hist&fault=store_restart&attempts=2"); rep.Verdict != lab.Breaks {
 		t.Fatalf("store_restart: %v", rep.Verdict)
 	}
@@ -115,7 +115,7 @@ func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
 	t.Parallel()
 	cfg := fullConfig(t)
 	cfg.InFlightWait = 100 * time.Millisecond // shorter than the claim TTL, so the client sees the 409s
-	a := startLab(t, cfg)
+	a := labtest.Start(t, cfg)
 	rep := labRun(t, a.URL(), redis.Name, "key=k-stuck&fault=crash_after_claim&ttl_ms=1500&attempts=2")
 	if rep.KeyAfterFault != lab.KeyInFlight {
 		t.Fatalf("after the crash the claim is %v, want it stuck in flight", rep.KeyAfterFault)
@@ -131,7 +131,7 @@ func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
 
 func TestOutboxFailureReports(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, fullConfig(t))
+	a := labtest.Start(t, fullConfig(t))
 	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name} {
 		rep := labRun(t, a.URL(), store, "key=k-ofail-"+string(store)+"&fault=outbox_fail&attempts=2")
 		if rep.KeyAfterFault != lab.KeyAbsent {
@@ -156,7 +156,7 @@ func TestOutboxFailureReports(t *testing.T) {
 // TestMatrix runs the breakage matrix once and checks its verdicts against
 // the brief's lesson and its markdown against the README's copy.
 func TestMatrix(t *testing.T) {
-	a := startLab(t, fullConfig(t))
+	a := labtest.Start(t, fullConfig(t))
 	m, err := a.Server().Matrix(t.Context(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -231,7 +231,7 @@ func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 // (see cmd/lab's TestThreeProcesses): one charge per replica for memory.
 func TestInProcessReplicas(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, fullConfig(t))
+	a := labtest.Start(t, fullConfig(t))
 	for store, want := range map[lab.StoreName]struct {
 		charges int
 		verdict lab.Verdict

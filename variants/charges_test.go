@@ -107,7 +107,7 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
-			a := startLab(t, storeConfig(t, store))
+			a := labtest.Start(t, storeConfig(t, store))
 			replies := fireCharges(t, a.URL(), store, labtest.Acme, "k-"+string(store)+"-50", "run-50-"+string(store), body2500, 50)
 			var first []byte
 			fresh, replayed, inProgress := 0, 0, 0
@@ -149,7 +149,7 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 
 func TestUnsafeChargesEveryAttempt(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig())
+	a := labtest.Start(t, labConfig())
 	replies := fireCharges(t, a.URL(), nokey.Name, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
 	for _, r := range replies {
 		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
@@ -166,7 +166,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
-			a := startLab(t, storeConfig(t, store))
+			a := labtest.Start(t, storeConfig(t, store))
 			if r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", body2500); r.Status != http.StatusCreated {
 				t.Fatalf("first: %d %s", r.Status, r.Body)
 			}
@@ -189,7 +189,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 
 func TestBadRequestsChangeNothing(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig())
+	a := labtest.Start(t, labConfig())
 	cases := []struct {
 		name, key, body, code, param string
 	}{
@@ -231,7 +231,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 
 func TestAuthAndStoreErrors(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig())
+	a := labtest.Start(t, labConfig())
 	if r := labtest.Charge(t, a.URL(), memory.Name, "nope", "k", body2500); r.Status != http.StatusUnauthorized || labtest.Decode[lab.Problem](t, r).Code != "unauthorized" {
 		t.Fatalf("unknown token: %d %s", r.Status, r.Body)
 	}
@@ -251,7 +251,7 @@ func TestTenantsAreIsolated(t *testing.T) {
 	t.Parallel()
 	for _, store := range idempotentStores(t) {
 		t.Run(string(store), func(t *testing.T) {
-			a := startLab(t, storeConfig(t, store))
+			a := labtest.Start(t, storeConfig(t, store))
 			acme := labtest.Charge(t, a.URL(), store, labtest.Acme, "shared-key", body2500)
 			globex := labtest.Charge(t, a.URL(), store, labtest.Globex, "shared-key", `{"account":"acct-1","amount_cents":700}`)
 			if acme.Status != http.StatusCreated || globex.Status != http.StatusCreated || globex.Header.Get("Idempotent-Replayed") != "" {
@@ -278,7 +278,7 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 			clock := labtest.NewClock(time.Now())
 			cfg := storeConfig(t, store)
 			cfg.Window, cfg.Clock = time.Second, clock.Now
-			a := startLab(t, cfg)
+			a := labtest.Start(t, cfg)
 			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if first.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
@@ -301,7 +301,7 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 
 func TestLabRoutes(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig())
+	a := labtest.Start(t, labConfig())
 	unsafeRun := getRun(t, a.URL()+"/charge-unsafe?attempts=5")
 	if unsafeRun.ChargesApplied != 5 || unsafeRun.OverchargedCents != 10000 || unsafeRun.Verdict != lab.Breaks {
 		t.Fatalf("unsafe run: %+v", unsafeRun)
@@ -354,7 +354,7 @@ func TestLabRoutes(t *testing.T) {
 
 func TestResetNeedsAdminToken(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig(func(c *app.Config) { c.AdminToken = "s3cret" }))
+	a := labtest.Start(t, labConfig(func(c *app.Config) { c.AdminToken = "s3cret" }))
 	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", body2500)
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusUnauthorized {
 		t.Fatalf("reset without token: %d", r.Status)
@@ -381,7 +381,7 @@ func TestResetNeedsAdminToken(t *testing.T) {
 
 func TestBasePathAndMetrics(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig(func(c *app.Config) { c.BasePath = "/16" }))
+	a := labtest.Start(t, labConfig(func(c *app.Config) { c.BasePath = "/16" }))
 	if !strings.HasSuffix(a.URL(), "/16") {
 		t.Fatalf("URL %s", a.URL())
 	}
@@ -409,7 +409,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 
 func TestOutboxIsDelivered(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig())
+	a := labtest.Start(t, labConfig())
 	getRun(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -430,7 +430,7 @@ func TestSummaryCountsOperations(t *testing.T) {
 	t.Parallel()
 	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 		t.Run(string(store), func(t *testing.T) {
-			a := startLab(t, storeConfig(t, store))
+			a := labtest.Start(t, storeConfig(t, store))
 			for i, account := range []string{"a", "b", "c"} {
 				body := fmt.Sprintf(`{"account":%q,"amount_cents":%d}`, account, 100*(i+1))
 				if r := labtest.Charge(t, a.URL(), nokey.Name, labtest.Acme, "", body); r.Status != http.StatusCreated {

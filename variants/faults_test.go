@@ -45,7 +45,7 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	a := startLab(t, cfg)
+	a := labtest.Start(t, cfg)
 	_, err = postWithFault(t, a.URL(), postgres.Name, "k-lost", string(lab.FaultCrashAfterCharge))
 	if err == nil || !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "EOF") {
 		t.Fatalf("want a dropped connection, got %v", err)
@@ -98,7 +98,7 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 	if rep := getRun(t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain"); rep.Verdict != lab.Breaks || rep.ChargesApplied != 3 {
 		t.Fatalf("plain unsafe run with faults off: %+v", rep)
 	}
-	resp, err = postWithFault(t, startLab(t, labConfig()).URL(), memory.Name, "k-f", "meteor")
+	resp, err = postWithFault(t, labtest.Start(t, labConfig()).URL(), memory.Name, "k-f", "meteor")
 	if err != nil || resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("unknown fault: %v %v", resp, err)
 	}

@@ -1,9 +1,7 @@
 package variants_test
 
 import (
-	"context"
 	"testing"
-	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
@@ -26,23 +24,6 @@ func labConfig(opts ...func(*app.Config)) app.Config {
 		o(&cfg)
 	}
 	return cfg
-}
-
-// startLab runs a lab until the test ends.
-func startLab(tb testing.TB, cfg app.Config) *app.App {
-	tb.Helper()
-	a, err := app.Start(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("starting lab: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := a.Close(ctx); err != nil {
-			tb.Errorf("closing lab: %v", err)
-		}
-	})
-	return a
 }
 
 // idempotentStores lists the idempotent stores every contract test covers.

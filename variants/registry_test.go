@@ -19,7 +19,7 @@ import (
 // the lab runs with their explanation, and the matrix.
 func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	t.Parallel()
-	a := startLab(t, labConfig(func(c *app.Config) {
+	a := labtest.Start(t, labConfig(func(c *app.Config) {
 		c.Variants = append(variants.Builtin(), labtest.LookFirst())
 	}))
 

@@ -86,15 +86,7 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 	cfg.Variants = append(variants.Builtin(), labtest.LookFirst())
 	cfg.Addr = "127.0.0.1:0"
 	cfg.EmbedPostgres = false // so one store is unavailable, and must show it
-	a, err := app.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = a.Close(ctx)
-	})
+	a := labtest.Start(t, cfg)
 	index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, ""))
 
 	ctx, problems := browser(t)

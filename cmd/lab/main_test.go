@@ -1,12 +1,11 @@
 package main
 
 import (
-	"context"
 	"io"
 	"testing"
-	"time"
 
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
 // startLab runs the lab the command builds (NewMain: the defaults and every
@@ -20,16 +19,5 @@ func startLab(tb testing.TB, opts ...func(*app.Config)) *app.App {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	a, err := app.Start(context.Background(), cfg)
-	if err != nil {
-		tb.Fatalf("starting lab: %v", err)
-	}
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := a.Close(ctx); err != nil {
-			tb.Errorf("closing lab: %v", err)
-		}
-	})
-	return a
+	return labtest.Start(tb, cfg)
 }

@@ -21,6 +21,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
@@ -181,4 +182,22 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
+}
+
+// Start runs a lab on cfg until the test ends. cfg names its variants: the
+// lab tree knows none (tests take them from variants.Builtin).
+func Start(tb testing.TB, cfg app.Config) *app.App {
+	tb.Helper()
+	a, err := app.Start(context.Background(), cfg)
+	if err != nil {
+		tb.Fatalf("starting lab: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := a.Close(ctx); err != nil {
+			tb.Errorf("closing lab: %v", err)
+		}
+	})
+	return a
 }
