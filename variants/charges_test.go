@@ -362,6 +362,13 @@ func TestResetNeedsAdminToken(t *testing.T) {
 	if keyCharges(t, a, "acme", memory.Name, "k") != 1 {
 		t.Fatal("a refused reset deleted charges")
 	}
+	// The token only as a bearer token: never in a URL, nor bare.
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?token=s3cret", nil, ""); r.Status != http.StatusUnauthorized {
+		t.Fatalf("reset with ?token=: %d", r.Status)
+	}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", http.Header{"Authorization": {"s3cret"}}, ""); r.Status != http.StatusUnauthorized {
+		t.Fatalf("reset with a bare Authorization: %d", r.Status)
+	}
 	h := http.Header{"Authorization": {"Bearer s3cret"}}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", h, ""); r.Status != http.StatusOK {
 		t.Fatalf("reset with token: %d %s", r.Status, r.Body)
@@ -390,6 +397,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 	for _, series := range []string{
 		`lab_idempotency_claims_total{store="memory"} 1`, `lab_idempotency_replays_total{store="memory"}`,
 		"lab_outbox_pending", "lab_outbox_oldest_pending_seconds", `lab_charges_applied_total{store="memory"} 1`,
+		"go_goroutines", "process_resident_memory_bytes",
 	} {
 		if !strings.Contains(string(r.Body), series) {
 			t.Errorf("metrics lack %s", series)

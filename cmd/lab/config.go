@@ -26,6 +26,9 @@ type setting struct {
 func settings(c *app.Config, logLevel *string) []setting {
 	return []setting{
 		{"addr", "LAB_ADDR", "listen address", (*text)(&c.Addr)},
+		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request (slow clients are closed)", (*duration)(&c.ReadTimeout)},
+		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange; must outlast the longest run", (*duration)(&c.WriteTimeout)},
+		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this", (*duration)(&c.IdleTimeout)},
 		{"base-path", "LAB_BASE_PATH", "route prefix when behind a hub, e.g. /16", (*text)(&c.BasePath)},
 		{"tenants", "LAB_TENANTS", "bearer tokens and their tenants, token:tenant,...", (*tenants)(&c.Tenants)},
 		{"admin-token", "LAB_ADMIN_TOKEN", "token that /reset-lab and /lab/restart-store require; empty means none", (*text)(&c.AdminToken)},

@@ -34,7 +34,7 @@ var (
 	errKeyMissing = problem(http.StatusBadRequest, "idempotency_key_missing", "Idempotency-Key missing",
 		"this store needs an Idempotency-Key header (1..255 bytes of printable text)")
 	errAdmin = problem(http.StatusUnauthorized, "admin_token_required", "Admin token required",
-		"send the admin token as Authorization: Bearer <token> or ?token=")
+		"send the admin token as Authorization: Bearer <token>")
 )
 
 // problemJSON is the media type of every error body (RFC 9457).

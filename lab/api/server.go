@@ -16,6 +16,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/labstack/echo/v4/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -95,6 +96,7 @@ const maxRunHistory = 100
 func New(cfg Config, deps Deps) *Server {
 	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica)}
 	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, deps.Books)
 
 	e := echo.New()
@@ -105,6 +107,7 @@ func New(cfg Config, deps Deps) *Server {
 		}
 	}
 	e.Use(middleware.Recover()) // re-panics http.ErrAbortHandler, which drops the connection
+	e.Use(limitBodies)
 	// One debug line per request: method, path, status, latency. Never a body.
 	e.Use(middleware.RequestLoggerWithConfig(middleware.RequestLoggerConfig{
 		LogMethod: true, LogURIPath: true, LogStatus: true, LogLatency: true, HandleError: true,
@@ -131,6 +134,32 @@ func New(cfg Config, deps Deps) *Server {
 	g.GET("/lab/matrix", s.matrix)
 	s.echo = e
 	return s
+}
+
+// maxBody bounds every request body; the charge API needs far less.
+const maxBody = 64 << 10
+
+// limitBodies refuses chunked bodies (411: a body must say its length, which
+// also settles a request that carries both Content-Length and
+// Transfer-Encoding) and bodies over maxBody, before anything reads them.
+func limitBodies(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if len(r.TransferEncoding) > 0 || r.ContentLength > maxBody {
+			// Answer at once and close: reading the rest would wait on the client.
+			c.Response().Header().Set(echo.HeaderConnection, "close")
+		}
+		switch {
+		case len(r.TransferEncoding) > 0:
+			return problem(http.StatusLengthRequired, "length_required", "Length required",
+				"send the body with a Content-Length header; chunked bodies are not accepted")
+		case r.ContentLength > maxBody:
+			return problem(http.StatusRequestEntityTooLarge, "body_too_large", "Body too large",
+				fmt.Sprintf("the body is %d bytes; at most %d are accepted", r.ContentLength, maxBody))
+		}
+		r.Body = http.MaxBytesReader(c.Response(), r.Body, maxBody)
+		return next(c)
+	}
 }
 
 // Handler is the server's http.Handler.
@@ -348,11 +377,9 @@ func (s *Server) requireAdmin(c echo.Context) error {
 	if s.cfg.AdminToken == "" {
 		return nil
 	}
-	token, _ := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
-	if token == "" {
-		token = c.QueryParam("token")
-	}
-	if subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AdminToken)) != 1 {
+	// Only as a bearer token: never in a URL, where logs and history keep it.
+	token, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AdminToken)) != 1 {
 		return errAdmin
 	}
 	return nil

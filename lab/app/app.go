@@ -68,6 +68,9 @@ type App struct {
 	bg     sync.WaitGroup
 }
 
+// maxHeaderBytes bounds a request's headers: the lab's need a few hundred bytes.
+const maxHeaderBytes = 16 << 10
+
 // replica is one server with its own process-local state.
 type replica struct {
 	name   string
@@ -210,12 +213,19 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 		return nil, fmt.Errorf("error listening on %s: %w", addr, err)
 	}
 	self := ln.Addr().(*net.TCPAddr)
+	if !self.IP.IsLoopback() && a.cfg.AdminToken == "" {
+		a.cfg.Logger.Warn("listening beyond this machine without an admin token: anyone who reaches "+self.String()+
+			" can reset the lab and run faults; set -admin-token (LAB_ADMIN_TOKEN)", "replica", name)
+	}
 	if self.IP.IsUnspecified() { // listening on every interface: reach ourselves on loopback
 		self = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: self.Port}
 	}
 	r := &replica{
 		name: name, server: srv, stores: stores, url: "http://" + self.String(), served: make(chan error, 1),
-		http: &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second},
+		http: &http.Server{
+			Handler: srv.Handler(), ReadHeaderTimeout: min(a.cfg.ReadTimeout, 5*time.Second), ReadTimeout: a.cfg.ReadTimeout,
+			WriteTimeout: a.cfg.WriteTimeout, IdleTimeout: a.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
+		},
 	}
 	go func() {
 		err := r.http.Serve(ln)

@@ -23,6 +23,14 @@ type Config struct {
 	// BasePath prefixes every route when the lab sits behind a hub, e.g.
 	// "/16". Default none.
 	BasePath string
+	// ReadTimeout bounds reading a whole request, headers and body, so a
+	// client that sends a byte a second is closed. Default 10s.
+	ReadTimeout time.Duration
+	// WriteTimeout bounds a whole exchange, from the end of the headers to
+	// the end of the answer; it must outlast the longest lab run. Default 5m.
+	WriteTimeout time.Duration
+	// IdleTimeout closes keep-alive connections left idle. Default 1m.
+	IdleTimeout time.Duration
 	// Tenants maps bearer tokens to tenants. Default the two demo tenants,
 	// demo-token-acme → acme and demo-token-globex → globex.
 	Tenants map[string]string
@@ -83,6 +91,9 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{
 		Addr:          "127.0.0.1:8616",
+		ReadTimeout:   10 * time.Second,
+		WriteTimeout:  5 * time.Minute,
+		IdleTimeout:   time.Minute,
 		Tenants:       map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"},
 		FaultsEnabled: true,
 		DefaultStore:  "memory",
@@ -125,7 +136,8 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval}} {
+	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval},
+		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout}} {
 		if d.v <= 0 {
 			bad("%s must be a positive duration (got %s)", d.name, d.v)
 		}
