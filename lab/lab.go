@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -30,6 +31,39 @@ const (
 
 // Clock tells the time; services take one so tests can move it.
 type Clock func() time.Time
+
+// Namespace is the part of the lab one attendee owns: their tenants, keys,
+// charges, runs and faults. A namespace holds two tenants: the one named
+// like it, and a second one (its name plus SecondTenantSuffix) for the
+// "two tenants, one key" scenario.
+type Namespace string
+
+// SecondTenantSuffix names a namespace's second tenant.
+const SecondTenantSuffix = "~2"
+
+// NamespaceOf is the namespace a tenant belongs to.
+func NamespaceOf(tenant string) Namespace {
+	ns, _, _ := strings.Cut(tenant, "~")
+	return Namespace(ns)
+}
+
+// Owns reports whether tenant belongs to ns; the empty namespace stands for
+// every namespace (the admin's view).
+func (ns Namespace) Owns(tenant string) bool { return ns == "" || NamespaceOf(tenant) == ns }
+
+// CheckNamespace accepts a name a namespace (and so a configured tenant)
+// may have: 1..32 letters, digits, '-', '_' or '.'.
+func CheckNamespace(name string) error {
+	if name == "" || len(name) > 32 {
+		return fmt.Errorf("a namespace name has 1..32 characters (got %d)", len(name))
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("a namespace name holds letters, digits, '-', '_' and '.' only (got %q)", name)
+		}
+	}
+	return nil
+}
 
 // Scope identifies one logical operation: keys never cross tenants or endpoints.
 type Scope struct {
@@ -209,8 +243,9 @@ type Store interface {
 
 // KeyLister lists stored keys for /idempotency/state.
 type KeyLister interface {
-	// Keys lists at most limit keys, newest first, and the total count.
-	Keys(ctx context.Context, limit int) ([]KeyState, int, error)
+	// Keys lists at most limit of the namespace's keys, newest first, and
+	// how many it holds.
+	Keys(ctx context.Context, ns Namespace, limit int) ([]KeyState, int, error)
 }
 
 // KeyLooker reports one key's state.
@@ -219,15 +254,16 @@ type KeyLooker interface {
 	Lookup(ctx context.Context, s Scope) (string, error)
 }
 
-// Resetter forgets every key a store holds.
+// Resetter forgets every key a store holds in a namespace ("" for all).
 type Resetter interface {
-	Reset(ctx context.Context) error
+	Reset(ctx context.Context, ns Namespace) error
 }
 
-// Restarter loses what the store would lose if its process or server
-// restarted: volatile state goes, durable state stays.
+// Restarter loses what the namespace's part of the store would lose if its
+// process or server restarted ("" for every namespace): volatile state
+// goes, durable state stays, and no other namespace loses anything.
 type Restarter interface {
-	Restart(ctx context.Context) error
+	Restart(ctx context.Context, ns Namespace) error
 }
 
 // Sweeper evicts expired keys and reports how many.

@@ -157,7 +157,7 @@ func TestOutboxFailureReports(t *testing.T) {
 // the brief's lesson and its markdown against the README's copy.
 func TestMatrix(t *testing.T) {
 	a := labtest.Start(t, fullConfig(t))
-	m, err := a.Server().Matrix(t.Context(), nil)
+	m, err := a.Server().Matrix(t.Context(), a.Public(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

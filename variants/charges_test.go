@@ -220,7 +220,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 			}
 		})
 	}
-	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
+	if s, _ := a.Books().Summary(context.Background(), ""); len(s) != 0 {
 		t.Fatalf("bad requests charged: %+v", s)
 	}
 	// Validation failures are never stored: the same key still works.
@@ -242,7 +242,7 @@ func TestAuthAndStoreErrors(t *testing.T) {
 	if r.Status != http.StatusServiceUnavailable || labtest.Decode[lab.Problem](t, r).Code != "store_unavailable" || !strings.Contains(string(r.Body), "REDIS_URL") {
 		t.Fatalf("unconfigured store: %d %s", r.Status, r.Body)
 	}
-	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
+	if s, _ := a.Books().Summary(context.Background(), ""); len(s) != 0 {
 		t.Fatalf("rejected requests charged: %+v", s)
 	}
 }
@@ -344,7 +344,7 @@ func TestLabRoutes(t *testing.T) {
 	if r.Status != http.StatusOK {
 		t.Fatalf("reset: %d %s", r.Status, r.Body)
 	}
-	if s, _ := a.Books().Summary(context.Background()); len(s) != 0 {
+	if s, _ := a.Books().Summary(context.Background(), ""); len(s) != 0 {
 		t.Fatalf("reset left charges: %+v", s)
 	}
 	if fresh := getRun(t, a.URL()+"/charge-idempotent?attempts=5"); fresh.ChargesApplied != 1 {
@@ -355,34 +355,41 @@ func TestLabRoutes(t *testing.T) {
 func TestResetNeedsAdminToken(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig(func(c *app.Config) { c.AdminToken = "s3cret" }))
-	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", body2500)
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusUnauthorized {
-		t.Fatalf("reset without token: %d", r.Status)
+	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", body2500)     // acme: the public namespace
+	labtest.Charge(t, a.URL(), memory.Name, labtest.Globex, "k-g", body2500) // globex: a namespace of its own
+	// Every namespace at once only with the admin token, and only as a bearer token.
+	for _, h := range []http.Header{nil, {"Authorization": {"s3cret"}}, {"Authorization": {"Bearer " + labtest.Globex}}} {
+		if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?all=true", h, ""); r.Status != http.StatusUnauthorized {
+			t.Fatalf("reset of every namespace with %v: %d", h, r.Status)
+		}
 	}
-	if keyCharges(t, a, "acme", memory.Name, "k") != 1 {
-		t.Fatal("a refused reset deleted charges")
-	}
-	// The token only as a bearer token: never in a URL, nor bare.
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?token=s3cret", nil, ""); r.Status != http.StatusUnauthorized {
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?all=true&token=s3cret", nil, ""); r.Status != http.StatusUnauthorized {
 		t.Fatalf("reset with ?token=: %d", r.Status)
 	}
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", http.Header{"Authorization": {"s3cret"}}, ""); r.Status != http.StatusUnauthorized {
-		t.Fatalf("reset with a bare Authorization: %d", r.Status)
+	if keyCharges(t, a, "acme", memory.Name, "k") != 1 || keyCharges(t, a, "globex", memory.Name, "k-g") != 1 {
+		t.Fatal("a refused reset deleted charges")
+	}
+	// Without a token, a reset is the public namespace's: globex keeps its charge.
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("reset of the public namespace: %d %s", r.Status, r.Body)
+	}
+	if keyCharges(t, a, "acme", memory.Name, "k") != 0 || keyCharges(t, a, "globex", memory.Name, "k-g") != 1 {
+		t.Fatal("the public reset reached another namespace, or kept its own charges")
 	}
 	h := http.Header{"Authorization": {"Bearer s3cret"}}
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", h, ""); r.Status != http.StatusOK {
-		t.Fatalf("reset with token: %d %s", r.Status, r.Body)
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?all=true", h, ""); r.Status != http.StatusOK {
+		t.Fatalf("reset of every namespace with the admin token: %d %s", r.Status, r.Body)
 	}
-	if keyCharges(t, a, "acme", memory.Name, "k") != 0 {
-		t.Fatal("reset kept charges")
+	if keyCharges(t, a, "globex", memory.Name, "k-g") != 0 {
+		t.Fatal("the admin's reset kept charges")
 	}
-	// Restarting a store forgets keys too: it needs the token, and runs that
-	// use it send the token themselves.
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/restart-store?store=memory", nil, ""); r.Status != http.StatusUnauthorized {
-		t.Fatalf("restart without token: %d", r.Status)
+	// A store restart of every namespace needs the admin too; a run's own
+	// restart acts on its namespace with its own token.
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/restart-store?store=memory&all=true", nil, ""); r.Status != http.StatusUnauthorized {
+		t.Fatalf("restart of every namespace without the admin token: %d", r.Status)
 	}
 	if rep := getRun(t, a.URL()+"/charge-idempotent?fault=store_restart&attempts=3&key=k-admin"); rep.Verdict != lab.Breaks || rep.KeyCharges != 2 {
-		t.Fatalf("store_restart run with an admin token: %+v", rep)
+		t.Fatalf("store_restart run on a lab with an admin token: %+v", rep)
 	}
 }
 

@@ -46,7 +46,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 		t.Fatalf("ledger holds %d charges, the report %d", n, rep.KeyCharges)
 	}
 
-	m, err := a.Server().Matrix(t.Context(), nil)
+	m, err := a.Server().Matrix(t.Context(), a.Public(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,7 +54,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer cancel()
 		_ = a.Close(sctx)
 	}()
-	mx, err := a.Server().Matrix(ctx, func(done, total int, c experiment.Case, store lab.StoreName) {
+	mx, err := a.Server().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, store lab.StoreName) {
 		progress(stderr, done, total, c.Name+" / "+string(store))
 	})
 	fmt.Fprintln(stderr)

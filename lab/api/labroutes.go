@@ -6,13 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/tenants"
 )
 
 // Defaults of the lab routes, as attendees know them.
@@ -52,7 +52,11 @@ func (s *Server) chargeIdempotent(c echo.Context) error {
 
 // labRun parses a run's parameters, fires it and answers its report.
 func (s *Server) labRun(c echo.Context, store lab.StoreName) error {
-	spec, replicas, err := s.parseSpec(c, store)
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	spec, replicas, err := s.parseSpec(c, store, who.Identity)
 	if err != nil {
 		return err
 	}
@@ -90,7 +94,7 @@ func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (e
 	return rep, nil
 }
 
-func (s *Server) parseSpec(c echo.Context, store lab.StoreName) (experiment.Spec, int, error) {
+func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Identity) (experiment.Spec, int, error) {
 	q := c.QueryParam
 	spec := experiment.Spec{Store: store, Key: cmp.Or(q("key"), defaultKey), Account: cmp.Or(q("account"), defaultAccount), OrderID: q("order_id")}
 	if err := lab.ValidateKey(spec.Key); err != nil {
@@ -113,18 +117,20 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName) (experiment.Spec
 	if _, err := (lab.ChargeRequest{Account: spec.Account, AmountCents: amount, OrderID: spec.OrderID}).Normalize(); err != nil {
 		return spec, 0, renameParam(err, "account", "order_id")
 	}
-	if spec.Token, err = s.tokenFor(q("tenant"), "tenant"); err != nil {
-		return spec, 0, err
+	for _, p := range []string{"tenant", "other_tenant"} {
+		if c.QueryParams().Has(p) {
+			return spec, 0, lab.Invalid(p, "is not a parameter: a run acts as the tenant of your token (none: the public namespace)")
+		}
 	}
+	spec.Token, spec.Tenant = id.Token, id.Tenant
 	switch spec.Scenario = cmp.Or(experiment.Scenario(q("scenario")), experiment.ScenarioRetries); spec.Scenario {
 	case experiment.ScenarioRetries, experiment.ScenarioReused:
 	case experiment.ScenarioTenants:
-		if spec.OtherToken, err = s.tokenFor(q("other_tenant"), "other_tenant"); err != nil {
-			return spec, 0, err
+		second := id.Second() // the namespace's other tenant
+		if second.Tenant == id.Tenant {
+			return spec, 0, lab.Invalid("scenario", "tenants runs as a namespace's first tenant; this token is its second")
 		}
-		if spec.OtherToken == spec.Token {
-			spec.OtherToken = s.otherToken(spec.Token)
-		}
+		spec.OtherToken, spec.OtherTenant = second.Token, second.Tenant
 	default:
 		return spec, 0, lab.Invalid("scenario", "must be one of retries, reused, tenants (got %q)", spec.Scenario)
 	}
@@ -177,43 +183,6 @@ func renameParam(err error, names ...string) error {
 	return err
 }
 
-// tokenFor maps a tenant id to its bearer token; "" picks the first tenant.
-func (s *Server) tokenFor(tenant, param string) (string, error) {
-	tokens := s.tokensByTenant()
-	if tenant == "" {
-		return tokens[0][1], nil
-	}
-	for _, tt := range tokens {
-		if tt[0] == tenant {
-			return tt[1], nil
-		}
-	}
-	names := make([]string, len(tokens))
-	for i, tt := range tokens {
-		names[i] = tt[0]
-	}
-	return "", lab.Invalid(param, "must be one of the configured tenants: %s", strings.Join(names, ", "))
-}
-
-func (s *Server) otherToken(token string) string {
-	for _, tt := range s.tokensByTenant() {
-		if tt[1] != token {
-			return tt[1]
-		}
-	}
-	return token
-}
-
-// tokensByTenant lists (tenant, token) sorted by tenant.
-func (s *Server) tokensByTenant() [][2]string {
-	out := make([][2]string, 0, len(s.cfg.Tenants))
-	for token, tenant := range s.cfg.Tenants {
-		out = append(out, [2]string{tenant, token})
-	}
-	slices.SortFunc(out, func(a, b [2]string) int { return cmp.Compare(a[0], b[0]) })
-	return out
-}
-
 // state lists stored keys (bounded, newest first), or one key's state.
 func (s *Server) state(c echo.Context) error {
 	ctx := c.Request().Context()
@@ -229,11 +198,12 @@ func (s *Server) state(c echo.Context) error {
 		}
 		names = []lab.StoreName{st.Name()}
 	}
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
 	if key := c.QueryParam("key"); key != "" {
-		tenant, _, err := s.tenant(c.Request())
-		if err != nil {
-			return err
-		}
+		tenant := who.Tenant
 		if len(names) != 1 {
 			return lab.Invalid("store", "is required with key=")
 		}
@@ -253,7 +223,7 @@ func (s *Server) state(c echo.Context) error {
 		}
 		keys, total := []lab.KeyState{}, 0
 		if l, ok := st.(lab.KeyLister); ok {
-			if keys, total, err = l.Keys(ctx, int(limit)); err != nil {
+			if keys, total, err = l.Keys(ctx, who.view(), int(limit)); err != nil {
 				return err
 			}
 		}
@@ -269,15 +239,15 @@ func (s *Server) state(c echo.Context) error {
 	}
 	balances := map[string]int64{}
 	account := cmp.Or(c.QueryParam("account"), defaultAccount)
-	for _, tt := range s.tokensByTenant() {
-		b, err := s.deps.Books.Balance(ctx, tt[0], account)
+	for _, tenant := range []string{who.Tenant, who.Second().Tenant} {
+		b, err := s.deps.Books.Balance(ctx, tenant, account)
 		if err != nil {
 			return err
 		}
-		balances[tt[0]] = b
+		balances[tenant] = b
 	}
 	return c.JSON(http.StatusOK, map[string]any{
-		"replica": s.cfg.Replica, "stores": stores, "limit": limit,
+		"replica": s.cfg.Replica, "namespace": string(who.view()), "stores": stores, "limit": limit,
 		"dedupe_window_ms": s.cfg.Window.Milliseconds(), "account": account, "balance_cents": balances,
 	})
 }
@@ -288,15 +258,19 @@ func (s *Server) outbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	events, err := s.deps.Books.Events(ctx, int(limit))
+	who, err := s.who(c.Request(), true)
 	if err != nil {
 		return err
 	}
-	stats, err := s.deps.Books.OutboxStats(ctx)
+	events, err := s.deps.Books.Events(ctx, who.view(), int(limit))
 	if err != nil {
 		return err
 	}
-	unique, deliveries, err := s.deps.Books.Receipts(ctx, "")
+	stats, err := s.deps.Books.OutboxStats(ctx, who.view())
+	if err != nil {
+		return err
+	}
+	unique, deliveries, err := s.deps.Books.Receipts(ctx, who.view(), "")
 	if err != nil {
 		return err
 	}
@@ -312,34 +286,41 @@ func (s *Server) outbox(c echo.Context) error {
 
 func (s *Server) summary(c echo.Context) error {
 	ctx := c.Request().Context()
-	stores, err := s.deps.Books.Summary(ctx)
+	who, err := s.who(c.Request(), true)
 	if err != nil {
 		return err
 	}
-	stats, err := s.deps.Books.OutboxStats(ctx)
+	stores, err := s.deps.Books.Summary(ctx, who.view())
+	if err != nil {
+		return err
+	}
+	stats, err := s.deps.Books.OutboxStats(ctx, who.view())
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	runs := slices.Clone(s.runs)
+	var runs []experiment.Report
+	for _, r := range s.runs {
+		if who.view().Owns(r.Tenant) {
+			runs = append(runs, r)
+		}
+	}
 	s.mu.Unlock()
 	slices.Reverse(runs)
 	if stores == nil {
 		stores = []lab.StoreSummary{}
 	}
 	return c.JSON(http.StatusOK, map[string]any{
-		"replica": s.cfg.Replica, "ledger": s.deps.Books.Kind(), "stores": stores,
+		"replica": s.cfg.Replica, "namespace": string(who.view()), "ledger": s.deps.Books.Kind(), "stores": stores,
 		"outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
 		"recent_runs": runs[:min(len(runs), 20)],
 	})
 }
 
-// Matrix runs every store against every case, each cell a real run.
-func (s *Server) Matrix(ctx context.Context, progress func(done, total int, c experiment.Case, store lab.StoreName)) (experiment.Matrix, error) {
-	tokens := s.tokensByTenant()
-	if len(tokens) < 2 {
-		return experiment.Matrix{}, lab.Invalid("tenants", "the matrix needs two configured tenants")
-	}
+// Matrix runs every store against every case in id's namespace, each cell
+// a real run.
+func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(done, total int, c experiment.Case, store lab.StoreName)) (experiment.Matrix, error) {
+	second := id.Second()
 	return s.deps.Runner.RunMatrix(ctx, experiment.MatrixRequest{
 		Stores: s.deps.Variants.Names(),
 		Unavailable: func(store lab.StoreName) string {
@@ -348,7 +329,7 @@ func (s *Server) Matrix(ctx context.Context, progress func(done, total int, c ex
 			}
 			return cmp.Or(s.deps.Unavailable[store], "not available on this server")
 		},
-		Targets: s.deps.Cluster.Targets, Token: tokens[0][1], Other: tokens[1][1],
+		Targets: s.deps.Cluster.Targets, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
 		Account: defaultAccount, Amount: defaultAmount, Progress: progress,
 	})
 }
@@ -364,7 +345,11 @@ func (s *Server) matrix(c echo.Context) error {
 	if s.deps.Cluster.MaxReplicas() < 3 {
 		return lab.Invalid("replicas", "the matrix needs 3 replicas; this server has %d", s.deps.Cluster.MaxReplicas())
 	}
-	m, err := s.Matrix(c.Request().Context(), nil)
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	m, err := s.Matrix(c.Request().Context(), who.Identity, nil)
 	if err != nil {
 		return err
 	}

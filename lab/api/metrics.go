@@ -17,7 +17,7 @@ type metrics struct {
 }
 
 func newMetrics(reg *prometheus.Registry, outbox interface {
-	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
+	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 }) *metrics {
 	counter := func(name, help string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "lab", Name: name, Help: help}, []string{"store"})
@@ -35,7 +35,7 @@ func newMetrics(reg *prometheus.Registry, outbox interface {
 	stats := func() lab.OutboxStats {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		s, _ := outbox.OutboxStats(ctx)
+		s, _ := outbox.OutboxStats(ctx, "") // every namespace
 		return s
 	}
 	reg.MustRegister(

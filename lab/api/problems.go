@@ -37,6 +37,11 @@ var (
 		"send the admin token as Authorization: Bearer <token>")
 )
 
+// tooMany is a namespace over its share of a replica: 429, retry later.
+type tooMany struct{ what string }
+
+func (e *tooMany) Error() string { return e.what }
+
 // problemJSON is the media type of every error body (RFC 9457).
 const problemJSON = "application/problem+json"
 
@@ -47,6 +52,7 @@ func toProblem(err error) (*problemError, time.Duration) {
 		ie *lab.InvalidError
 		ip *lab.InProgressError
 		he *echo.HTTPError
+		tm *tooMany
 	)
 	switch {
 	case errors.As(err, &pe):
@@ -55,6 +61,8 @@ func toProblem(err error) (*problemError, time.Duration) {
 		p := problem(http.StatusBadRequest, "invalid_parameter", "Invalid parameter", ie.Error())
 		p.param = ie.Param
 		return p, 0
+	case errors.As(err, &tm):
+		return problem(http.StatusTooManyRequests, "too_many_requests", "Too many requests", tm.what), time.Second
 	case errors.As(err, &ip):
 		return problem(http.StatusConflict, "idempotency_in_progress", "Request in progress",
 			"a request with this Idempotency-Key is still being processed; retry after the Retry-After delay"), ip.RetryAfter

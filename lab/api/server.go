@@ -5,10 +5,12 @@ package api
 import (
 	"context"
 	"crypto/subtle"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/web"
 )
@@ -28,26 +31,35 @@ import (
 // Config configures one replica's HTTP server. Every field but BasePath and
 // AdminToken is required.
 type Config struct {
-	Replica       string            // name of this replica, e.g. "r1"
-	BasePath      string            // prefix such as "/16" when behind a hub; "" for none
-	Tenants       map[string]string // bearer token -> tenant id
-	AdminToken    string            // required by /reset-lab when set
-	FaultsEnabled bool              // accept the Lab-Fault header and fault= runs
-	DefaultStore  lab.StoreName     // store of POST /charges without ?store=, and of /charge-idempotent
-	Window        time.Duration     // dedupe window, reported by the lab routes
+	Replica  string // name of this replica, e.g. "r1"
+	BasePath string // prefix such as "/16" when behind a hub; "" for none
+	// Public is who a lab route's caller without a token acts as: one
+	// shared namespace, so the curl walkthrough needs no token.
+	Public        tenants.Identity
+	AdminToken    string        // with it, the admin may reset and restart every namespace and sees them all
+	FaultsEnabled bool          // accept the Lab-Fault header and fault= runs
+	DefaultStore  lab.StoreName // store of POST /charges without ?store=, and of /charge-idempotent
+	Window        time.Duration // dedupe window, reported by the lab routes
 	Logger        *slog.Logger
 }
 
-// Books are the reports the API reads and the reset it performs.
+// Books are the reports the API reads and the reset it performs, each for
+// one namespace ("" for every namespace: the admin's view).
 type Books interface {
-	Summary(ctx context.Context) ([]lab.StoreSummary, error)
+	Summary(ctx context.Context, ns lab.Namespace) ([]lab.StoreSummary, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
-	Events(ctx context.Context, limit int) ([]lab.Event, error)
-	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
-	Receipts(ctx context.Context, run string) (unique, deliveries int, err error)
-	// Reset deletes every row the lab owns, and nothing else.
-	Reset(ctx context.Context) error
+	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
+	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
+	Receipts(ctx context.Context, ns lab.Namespace, run string) (unique, deliveries int, err error)
+	// Reset deletes the namespace's rows of the lab's own tables, and nothing else.
+	Reset(ctx context.Context, ns lab.Namespace) error
 	Kind() string
+}
+
+// Directory resolves bearer tokens and admits attendees.
+type Directory interface {
+	Resolve(ctx context.Context, token string) (tenants.Identity, bool, error)
+	Join(ctx context.Context, code string) (tenants.Identity, error)
 }
 
 // Check reports whether one dependency answers.
@@ -63,13 +75,15 @@ type Cluster interface {
 	Targets(ctx context.Context, n int) ([]string, error)
 	// MaxReplicas is how many replicas Targets can give.
 	MaxReplicas() int
-	// ResetPeers makes the other replicas forget their keys.
-	ResetPeers(ctx context.Context, adminToken string) error
+	// ResetPeers makes the other replicas forget a namespace's keys (every
+	// namespace with all), acting with the caller's Authorization header.
+	ResetPeers(ctx context.Context, authorization string, all bool) error
 }
 
 // Deps are what the server works with.
 type Deps struct {
 	Books       Books
+	Directory   Directory
 	Variants    *variant.Registry
 	Stores      map[lab.StoreName]lab.Store // this replica's stores, one per available variant
 	Unavailable map[lab.StoreName]string    // variant -> how to enable it
@@ -87,14 +101,21 @@ type Server struct {
 	echo    *echo.Echo
 
 	mu   sync.Mutex
-	runs []experiment.Report // recent runs, newest last, bounded
+	runs []experiment.Report   // recent runs, newest last, bounded
+	slow map[lab.Namespace]int // slow attempts in flight, per namespace
 }
+
+// Bounds on what one namespace may hold of a replica with slow faults.
+const (
+	maxSlowAttempts = 4                // slow attempts in flight at once
+	maxSlowWork     = 10 * time.Second // work_ms of one slow attempt
+)
 
 const maxRunHistory = 100
 
 // New builds the server and its routes.
 func New(cfg Config, deps Deps) *Server {
-	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica)}
+	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, deps.Books)
@@ -131,6 +152,7 @@ func New(cfg Config, deps Deps) *Server {
 	g.GET("/diagnostics/summary", s.summary)
 	g.Match(any, "/reset-lab", s.resetLab)
 	g.POST("/lab/restart-store", s.restartStore)
+	g.POST("/lab/join", s.join)
 	g.GET("/lab/matrix", s.matrix)
 	s.echo = e
 	return s
@@ -195,18 +217,46 @@ func (s *Server) storeList() string {
 	return strings.Join(out, ", ")
 }
 
-// tenant resolves the bearer token.
-func (s *Server) tenant(r *http.Request) (string, string, error) {
-	token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
-		return "", "", errUnauthorized
+// caller is who sent a request: a tenant of a namespace, or the admin.
+type caller struct {
+	tenants.Identity
+	admin bool
+}
+
+// who resolves the request's bearer token. Without one, a lab route acts in
+// the public namespace (anonymous); the charge API always needs a tenant.
+func (s *Server) who(r *http.Request, anonymous bool) (caller, error) {
+	h := r.Header.Get("Authorization")
+	if h == "" && anonymous {
+		return caller{Identity: s.cfg.Public}, nil
 	}
-	for t, tenant := range s.cfg.Tenants {
-		if subtle.ConstantTimeCompare([]byte(t), []byte(token)) == 1 {
-			return tenant, t, nil
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || token == "" {
+		return caller{}, errUnauthorized
+	}
+	if s.cfg.AdminToken != "" && subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AdminToken)) == 1 {
+		if !anonymous {
+			return caller{}, errUnauthorized // the admin is no tenant: it charges nobody
 		}
+		return caller{Identity: s.cfg.Public, admin: true}, nil // it runs in public, and sees everything
 	}
-	return "", "", errUnauthorized
+	id, found, err := s.deps.Directory.Resolve(r.Context(), token)
+	switch {
+	case err != nil:
+		return caller{}, fmt.Errorf("%w: error resolving the token: %w", lab.ErrStoreUnavailable, err)
+	case !found:
+		return caller{}, errUnauthorized
+	}
+	return caller{Identity: id}, nil
+}
+
+// view is the namespace a report shows: the caller's, or every one for the
+// admin.
+func (c caller) view() lab.Namespace {
+	if c.admin {
+		return ""
+	}
+	return c.Namespace
 }
 
 // postCharge is POST /charges, the path every attempt takes.
@@ -216,10 +266,11 @@ func (s *Server) postCharge(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	tenant, _, err := s.tenant(r)
+	who, err := s.who(r, false)
 	if err != nil {
 		return err
 	}
+	tenant := who.Tenant
 	keys, hasKey := r.Header[http.CanonicalHeaderKey("Idempotency-Key")]
 	key := ""
 	if hasKey {
@@ -237,6 +288,16 @@ func (s *Server) postCharge(c echo.Context) error {
 		}
 		if faults, err = lab.ParseFaults(h); err != nil {
 			return err
+		}
+		if faults.Has(lab.FaultSlow) {
+			if faults.Work > maxSlowWork {
+				return lab.Invalid(lab.FaultHeader, "work_ms must be at most %d on this shared lab", maxSlowWork.Milliseconds())
+			}
+			release, err := s.admitSlow(who.Namespace)
+			if err != nil {
+				return err
+			}
+			defer release()
 		}
 	}
 	run := r.Header.Get("Lab-Run")
@@ -392,63 +453,148 @@ func (s *Server) requireFaults() error {
 	return nil
 }
 
-// ResetLocal forgets this replica's keys.
-func (s *Server) ResetLocal(ctx context.Context) error {
+// admitSlow counts a slow attempt of ns in, or refuses it when the
+// namespace already has its share in flight on this replica.
+func (s *Server) admitSlow(ns lab.Namespace) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.slow[ns] >= maxSlowAttempts {
+		return nil, &tooMany{what: fmt.Sprintf("this namespace already has %d slow attempts in flight on this replica", maxSlowAttempts)}
+	}
+	s.slow[ns]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.slow[ns]--; s.slow[ns] == 0 {
+			delete(s.slow, ns)
+		}
+	}, nil
+}
+
+// ResetLocal forgets this replica's keys of a namespace ("" for every
+// namespace) and its runs.
+func (s *Server) ResetLocal(ctx context.Context, ns lab.Namespace) error {
 	for name, st := range s.deps.Stores {
 		r, ok := st.(lab.Resetter)
 		if !ok {
 			continue // a store without keys has nothing to forget
 		}
-		if err := r.Reset(ctx); err != nil {
+		if err := r.Reset(ctx, ns); err != nil {
 			return fmt.Errorf("error resetting store %s: %w", name, err)
 		}
 	}
 	s.mu.Lock()
-	s.runs = nil
+	s.runs = slices.DeleteFunc(s.runs, func(r experiment.Report) bool { return ns.Owns(r.Tenant) })
 	s.mu.Unlock()
 	return nil
 }
 
+// scope reads ?all=true: every namespace, which only the admin may ask for
+// (anyone, on a lab without an admin token).
+func (s *Server) scope(c echo.Context, who caller) (lab.Namespace, error) {
+	switch c.QueryParam("all") {
+	case "", "false":
+		return who.Namespace, nil
+	case "true":
+		if s.cfg.AdminToken != "" && !who.admin {
+			return "", errAdmin
+		}
+		return "", nil
+	}
+	return "", lab.Invalid("all", "must be true or false (got %q)", c.QueryParam("all"))
+}
+
 func (s *Server) resetLab(c echo.Context) error {
-	if err := s.requireAdmin(c); err != nil {
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	ns, err := s.scope(c, who)
+	if err != nil {
 		return err
 	}
 	ctx := c.Request().Context()
-	if err := s.ResetLocal(ctx); err != nil {
+	s.log.InfoContext(ctx, "reset", "namespace", nsName(ns), "asked_by", nsName(who.view()), "local", c.QueryParam("local") == "true")
+	if err := s.ResetLocal(ctx, ns); err != nil {
 		return err
 	}
-	if c.QueryParam("scope") != "local" {
-		if err := s.deps.Books.Reset(ctx); err != nil {
+	if c.QueryParam("local") != "true" {
+		if err := s.deps.Books.Reset(ctx, ns); err != nil {
 			return fmt.Errorf("error resetting the books: %w", err)
 		}
 		if s.deps.Cluster != nil {
-			if err := s.deps.Cluster.ResetPeers(ctx, s.cfg.AdminToken); err != nil {
+			if err := s.deps.Cluster.ResetPeers(ctx, c.Request().Header.Get("Authorization"), ns == ""); err != nil {
 				return err
 			}
 		}
 	}
+	what := "namespace " + string(ns) + ": its idempotency keys, ledger entries, outbox events, receipts and runs"
+	if ns == "" {
+		what = "every namespace: the lab's own idempotency keys, ledger entries, outbox events, receipts and runs"
+	}
 	return c.JSON(http.StatusOK, map[string]any{
-		"reset":   true,
-		"deleted": "the lab's own idempotency keys, ledger entries, outbox events and receipts; nothing else in the configured PostgreSQL or Redis",
+		"reset": true, "status": "ok", "namespace": string(ns),
+		"deleted": what + "; nothing else in the configured PostgreSQL or Redis",
 		"ledger":  s.deps.Books.Kind(),
 	})
+}
+
+// nsName names a namespace in logs ("" is every namespace).
+func nsName(ns lab.Namespace) string {
+	if ns == "" {
+		return "(all)"
+	}
+	return string(ns)
 }
 
 func (s *Server) restartStore(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	if err := s.requireAdmin(c); err != nil { // it forgets keys, as a reset does
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	ns, err := s.scope(c, who)
+	if err != nil {
 		return err
 	}
 	st, err := s.pickStore(c.QueryParam("store"))
 	if err != nil {
 		return err
 	}
+	s.log.InfoContext(c.Request().Context(), "store restart", "store", st.Name(), "namespace", nsName(ns), "asked_by", nsName(who.view()))
 	if r, ok := st.(lab.Restarter); ok { // a store without state has nothing to lose
-		if err := r.Restart(c.Request().Context()); err != nil {
+		if err := r.Restart(c.Request().Context(), ns); err != nil {
 			return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
 		}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica})
+	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica, "namespace": string(ns)})
+}
+
+// join gives an attendee a namespace of their own: POST /lab/join, with
+// the workshop's code as {"code": "…"} when the instructor set one.
+func (s *Server) join(c echo.Context) error {
+	var body struct {
+		Code string `json:"code"`
+	}
+	if c.Request().ContentLength != 0 {
+		dec := json.NewDecoder(c.Request().Body)
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil {
+			return lab.Invalid("body", "must be {\"code\": \"…\"} or empty")
+		}
+	}
+	id, err := s.deps.Directory.Join(c.Request().Context(), body.Code)
+	if errors.Is(err, tenants.ErrJoinClosed) {
+		return problem(http.StatusForbidden, "join_closed", "Join closed", err.Error())
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %w", lab.ErrStoreUnavailable, err)
+	}
+	s.log.InfoContext(c.Request().Context(), "attendee joined", "namespace", id.Namespace)
+	return c.JSON(http.StatusCreated, map[string]any{
+		"token": id.Token, "tenant": id.Tenant, "namespace": id.Namespace, "second_tenant": id.Second().Tenant,
+		"note": "send Authorization: Bearer <token> with every request: charges, runs, faults, resets and reports then act on your namespace only",
+	})
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/lab/relay"
+	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
 
@@ -44,14 +46,16 @@ type Books interface {
 
 // App is a running lab.
 type App struct {
-	cfg      Config
-	variants *variant.Registry
-	books    Books
-	client   *http.Client
-	runner   *experiment.Runner
-	instance string        // names this lab's database sessions
-	pool     *pgxpool.Pool // the books' pool, when PostgreSQL is configured
-	checks   []api.Check
+	cfg       Config
+	variants  *variant.Registry
+	books     Books
+	client    *http.Client
+	runner    *experiment.Runner
+	instance  string // names this lab's database sessions
+	directory *tenants.Directory
+	public    tenants.Identity // who acts when a lab route's caller sends no token
+	pool      *pgxpool.Pool    // the books' pool, when PostgreSQL is configured
+	checks    []api.Check
 	// unavailable says, per variant whose needs are not met, how to enable it.
 	unavailable map[lab.StoreName]string
 	redisWhere  string // "embedded …" or "at REDIS_URL"
@@ -109,8 +113,20 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		}
 	}
 	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
-	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Tenants: cfg.Tenants,
-		AdminToken: cfg.AdminToken, Now: cfg.Clock}
+	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Now: cfg.Clock}
+	var joined tenants.Joined = tenants.NewInMemory()
+	if a.pool != nil {
+		joined = pgdb.NewTenants(a.pool) // every replica of a cluster resolves every attendee
+	}
+	if a.directory, err = tenants.NewDirectory(cfg.Tenants, joined, cfg.JoinCode, cfg.MaxAttendees); err != nil {
+		a.closeAll()
+		return nil, err
+	}
+	for token, tenant := range cfg.Tenants {
+		if tenant == cfg.PublicTenant {
+			a.public = tenants.Identity{Tenant: tenant, Namespace: lab.Namespace(tenant), Token: token}
+		}
+	}
 	rcfg := relay.Defaults()
 	rcfg.Outbox, rcfg.Provider, rcfg.Clock, rcfg.Logger = a.books, a.books, cfg.Clock, cfg.Logger
 	rl, err := relay.New(rcfg)
@@ -150,6 +166,9 @@ func (a *App) URL() string { return a.primary.url + strings.TrimSuffix(a.cfg.Bas
 
 // Books exposes the ground truth, for tests and the matrix.
 func (a *App) Books() Books { return a.books }
+
+// Public is who acts in the public namespace (lab routes without a token).
+func (a *App) Public() tenants.Identity { return a.public }
 
 // Server is the primary replica's server.
 func (a *App) Server() *api.Server { return a.primary.server }
@@ -203,9 +222,9 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 		stores[v.Name] = st
 	}
 	srv := api.New(api.Config{
-		Replica: name, BasePath: a.cfg.BasePath, Tenants: a.cfg.Tenants, AdminToken: a.cfg.AdminToken,
+		Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Logger: a.cfg.Logger,
-	}, api.Deps{Books: a.books, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
+	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
 		Checks: a.checks, Runner: a.runner, Cluster: a})
 	var lc net.ListenConfig
 	ln, err := lc.Listen(ctx, "tcp", addr)
@@ -274,20 +293,34 @@ func (a *App) MaxReplicas() int {
 	return a.cfg.MaxReplicas
 }
 
-// ResetPeers makes the other replicas forget their keys.
-func (a *App) ResetPeers(ctx context.Context, adminToken string) error {
+// ResetPeers makes the other replicas forget the keys of the namespace
+// that authorization speaks for (every namespace with all): in-process
+// replicas directly, peers through their own /reset-lab.
+func (a *App) ResetPeers(ctx context.Context, authorization string, all bool) error {
 	for _, r := range a.replicas()[1:] {
-		if err := r.server.ResetLocal(ctx); err != nil {
+		ns := a.public.Namespace
+		if all {
+			ns = ""
+		} else if token, ok := strings.CutPrefix(authorization, "Bearer "); ok {
+			id, found, err := a.directory.Resolve(ctx, token)
+			if err != nil {
+				return fmt.Errorf("error resolving the token: %w", err)
+			}
+			if found {
+				ns = id.Namespace
+			}
+		}
+		if err := r.server.ResetLocal(ctx, ns); err != nil {
 			return err
 		}
 	}
 	for _, peer := range a.cfg.Peers {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+"/reset-lab?scope=local", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+"/reset-lab?local=true&all="+strconv.FormatBool(all), nil)
 		if err != nil {
 			return fmt.Errorf("error building the reset of peer %s: %w", peer, err)
 		}
-		if adminToken != "" {
-			req.Header.Set("Authorization", "Bearer "+adminToken)
+		if authorization != "" {
+			req.Header.Set("Authorization", authorization)
 		}
 		resp, err := a.client.Do(req)
 		if err != nil {

@@ -34,8 +34,17 @@ type Config struct {
 	// Tenants maps bearer tokens to tenants. Default the two demo tenants,
 	// demo-token-acme → acme and demo-token-globex → globex.
 	Tenants map[string]string
-	// AdminToken, when set, is required by /reset-lab and
-	// /lab/restart-store. Default none.
+	// PublicTenant is the tenant (one of Tenants) a lab route's caller acts
+	// as when they send no token: the shared, public namespace. Default acme.
+	PublicTenant string
+	// JoinCode, when set, is what POST /lab/join asks of an attendee for a
+	// namespace of their own. Default none: anyone may join.
+	JoinCode string
+	// MaxAttendees bounds how many may join. Default 200.
+	MaxAttendees int
+	// AdminToken, when set, is the only way to reset or restart every
+	// namespace at once (all=true) and to see every namespace; without it
+	// anyone may. Default none.
 	AdminToken string
 	// FaultsEnabled accepts the Lab-Fault header and fault= runs. Default on.
 	FaultsEnabled bool
@@ -96,6 +105,8 @@ func DefaultConfig() Config {
 		IdleTimeout:   time.Minute,
 		Tenants:       map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"},
 		FaultsEnabled: true,
+		PublicTenant:  "acme",
+		MaxAttendees:  200,
 		DefaultStore:  "memory",
 		Window:        24 * time.Hour,
 		InFlightWait:  2 * time.Second,
@@ -128,10 +139,24 @@ func (c Config) Validate() error {
 	if len(c.Tenants) == 0 {
 		bad("at least one tenant is required")
 	}
+	public := false
 	for token, tenant := range c.Tenants {
-		if token == "" || tenant == "" || lab.ValidateKey(token) != nil || lab.ValidateKey(tenant) != nil {
-			bad("tenant %q with token %q: both must be printable text", tenant, token)
+		if err := lab.CheckNamespace(tenant); err != nil {
+			bad("tenant %q: %v", tenant, err)
 		}
+		if token == "" || lab.ValidateKey(token) != nil || strings.ContainsRune(token, ' ') {
+			bad("the token of tenant %q must be printable text without spaces", tenant)
+		}
+		if token == c.AdminToken {
+			bad("the admin token must not also be a tenant's token")
+		}
+		public = public || tenant == c.PublicTenant
+	}
+	if !public {
+		bad("public tenant %q is not one of the configured tenants", c.PublicTenant)
+	}
+	if c.MaxAttendees < 0 {
+		bad("max attendees must not be negative (got %d)", c.MaxAttendees)
 	}
 	for _, d := range []struct {
 		name string

@@ -84,8 +84,10 @@ type MatrixRequest struct {
 	// Unavailable says how to enable a store that cannot run here, "" when it can.
 	Unavailable func(store lab.StoreName) string
 	Targets     func(ctx context.Context, n int) ([]string, error)
-	Token       string // first tenant
-	Other       string // second tenant
+	Tenant      string // the namespace's first tenant, and its token
+	Token       string
+	OtherTenant string // its second tenant, and its token
+	Other       string
 	Account     string
 	Amount      int64
 	Progress    func(done, total int, c Case, store lab.StoreName)
@@ -129,7 +131,7 @@ func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store l
 	key := fmt.Sprintf("matrix-%s-%s-%s", batch, c.Name, store)
 	spec := Spec{
 		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount,
-		Attempts: c.Attempts, Token: req.Token, OtherToken: req.Other, Faults: c.Faults,
+		Attempts: c.Attempts, Tenant: req.Tenant, Token: req.Token, OtherTenant: req.OtherTenant, OtherToken: req.Other, Faults: c.Faults,
 	}
 	if c.OrderID {
 		spec.OrderID = "order-" + key

@@ -36,8 +36,10 @@ type Spec struct {
 	AmountCents int64
 	OrderID     string
 	Attempts    int
-	Token       string // bearer token of the run's tenant
-	OtherToken  string // second tenant, for ScenarioTenants
+	Tenant      string // the run's tenant, and the bearer token its attempts carry
+	Token       string
+	OtherTenant string // the namespace's second tenant, for ScenarioTenants
+	OtherToken  string
 	Faults      lab.Faults
 }
 
@@ -47,18 +49,17 @@ type Books interface {
 	// KeyCharges tallies the charges one store made under one tenant's key.
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
-	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
+	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 }
 
 // Runner sends runs to real servers and reads their outcome from the books.
-// Every field is required but AdminToken.
+// Every field is required. A run acts with its tenant's token only: what it
+// does (a store restart included) stays in that tenant's namespace.
 type Runner struct {
-	Client     *http.Client
-	Books      Books
-	Variants   *variant.Registry
-	Tenants    map[string]string // bearer token -> tenant
-	AdminToken string            // for the replicas' /lab/restart-store, when they require one
-	Now        lab.Clock
+	Client   *http.Client
+	Books    Books
+	Variants *variant.Registry
+	Now      lab.Clock
 }
 
 // Report is one run's row: the ledger's figures, the verdict and why.
@@ -109,9 +110,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if spec.Scenario == "" {
 		spec.Scenario = ScenarioRetries
 	}
-	tenant, ok := r.Tenants[spec.Token]
-	if !ok {
-		return Report{}, lab.Invalid("tenant", "unknown tenant token")
+	tenant := spec.Tenant
+	if tenant == "" || spec.Token == "" {
+		return Report{}, lab.Invalid("tenant", "a run needs a tenant and its token")
 	}
 	if needsTwoPhases(spec) && spec.Attempts < 2 {
 		return Report{}, lab.Invalid("attempts", "must be at least 2 with fault %s (one faulted attempt, then retries)", spec.Faults.Point)
@@ -131,9 +132,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	}
 	tenants := []string{tenant}
 	if spec.Scenario == ScenarioTenants {
-		other, ok := r.Tenants[spec.OtherToken]
-		if !ok || other == tenant {
-			return Report{}, lab.Invalid("tenant", "the tenants scenario needs a second, different tenant")
+		other := spec.OtherTenant
+		if other == "" || other == tenant || spec.OtherToken == "" || lab.NamespaceOf(other) != lab.NamespaceOf(tenant) {
+			return Report{}, lab.Invalid("tenant", "the tenants scenario needs the namespace's second tenant")
 		}
 		tenants = append(tenants, other)
 		rep.ExpectedCharges = 2
@@ -174,7 +175,7 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 	switch spec.Faults.Point {
 	case lab.FaultStoreRestart:
 		for _, t := range targets {
-			if err := r.restartStore(ctx, t, spec.Store); err != nil {
+			if err := r.restartStore(ctx, t, spec.Store, spec.Token); err != nil {
 				return nil, 0, err
 			}
 		}
@@ -225,14 +226,12 @@ func (r *Runner) request(spec Spec, target, run string, i int) Request {
 	return Request{URL: target + "/charges?store=" + url.QueryEscape(string(spec.Store)), Header: h, Body: body}
 }
 
-func (r *Runner) restartStore(ctx context.Context, target string, store lab.StoreName) error {
+func (r *Runner) restartStore(ctx context.Context, target string, store lab.StoreName, token string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/lab/restart-store?store="+url.QueryEscape(string(store)), nil)
 	if err != nil {
 		return fmt.Errorf("error building the restart request: %w", err)
 	}
-	if r.AdminToken != "" {
-		req.Header.Set("Authorization", "Bearer "+r.AdminToken)
-	}
+	req.Header.Set("Authorization", "Bearer "+token) // the run's namespace restarts, no other
 	resp, err := r.Client.Do(req)
 	if err != nil {
 		return fmt.Errorf("error restarting store %s at %s: %w", store, target, err)
@@ -336,7 +335,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	if rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); err != nil {
 		return fmt.Errorf("error reading the balance: %w", err)
 	}
-	ob, err := r.Books.OutboxStats(ctx)
+	ob, err := r.Books.OutboxStats(ctx, lab.NamespaceOf(tenants[0]))
 	if err != nil {
 		return fmt.Errorf("error reading the outbox: %w", err)
 	}

@@ -48,9 +48,9 @@ func TestUnansweredRunIsInconclusive(t *testing.T) {
 	defer srv.Close()
 	client := &http.Client{}
 	defer client.CloseIdleConnections()
-	r := &experiment.Runner{Client: client, Books: books, Variants: keyed(t), Tenants: map[string]string{"tok": "acme"}, Now: time.Now}
+	r := &experiment.Runner{Client: client, Books: books, Variants: keyed(t), Now: time.Now}
 	rep, err := r.Run(context.Background(), experiment.Spec{
-		Store: "keyed", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Token: "tok",
+		Store: "keyed", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Tenant: "acme", Token: "tok",
 	}, []string{srv.URL})
 	if err != nil {
 		t.Fatal(err)

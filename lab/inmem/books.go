@@ -28,6 +28,7 @@ type Books struct {
 }
 
 type receipt struct {
+	namespace  lab.Namespace
 	run        string
 	direct     bool
 	deliveries int
@@ -53,11 +54,37 @@ func (b *Books) clear() {
 // Kind names the backend.
 func (b *Books) Kind() string { return "memory" }
 
-// Reset forgets every charge, event and receipt.
-func (b *Books) Reset(context.Context) error {
+// Reset forgets a namespace's charges, events and receipts ("" for all).
+func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.clear()
+	if ns == "" {
+		b.clear()
+		return nil
+	}
+	b.entries = slices.DeleteFunc(b.entries, func(e lab.Entry) bool {
+		if !ns.Owns(e.Tenant) {
+			return false
+		}
+		delete(b.charges, e.ChargeID)
+		if e.OrderID != "" {
+			delete(b.orders, e.Tenant+"|"+e.OrderID)
+		}
+		delete(b.balances, e.Tenant+"|"+e.Account)
+		return true
+	})
+	b.events = slices.DeleteFunc(b.events, func(ev *lab.Event) bool {
+		if !ns.Owns(ev.Tenant) {
+			return false
+		}
+		delete(b.byID, ev.ID)
+		return true
+	})
+	for id, r := range b.receipts {
+		if r.namespace == ns {
+			delete(b.receipts, id)
+		}
+	}
 	return nil
 }
 
@@ -119,8 +146,8 @@ func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
 	return s, nil
 }
 
-// Summary aggregates the ledger per store.
-func (b *Books) Summary(context.Context) ([]lab.StoreSummary, error) {
+// Summary aggregates a namespace's ledger per store ("" for every namespace).
+func (b *Books) Summary(_ context.Context, ns lab.Namespace) ([]lab.StoreSummary, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	type op struct {
@@ -130,6 +157,9 @@ func (b *Books) Summary(context.Context) ([]lab.StoreSummary, error) {
 	byStore := map[lab.StoreName]*lab.StoreSummary{}
 	firstAmount := map[op]int64{}
 	for _, e := range b.entries {
+		if !ns.Owns(e.Tenant) {
+			continue
+		}
 		s := byStore[e.Store]
 		if s == nil {
 			s = &lab.StoreSummary{Store: e.Store}
@@ -231,24 +261,29 @@ func (b *Books) MarkFailed(_ context.Context, id string, next time.Time, dead bo
 	return nil
 }
 
-// Events lists at most limit events, newest first.
-func (b *Books) Events(_ context.Context, limit int) ([]lab.Event, error) {
+// Events lists at most limit of a namespace's events, newest first.
+func (b *Books) Events(_ context.Context, ns lab.Namespace, limit int) ([]lab.Event, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make([]lab.Event, 0, min(limit, len(b.events)))
 	for i := len(b.events) - 1; i >= 0 && len(out) < limit; i-- {
-		out = append(out, *b.events[i])
+		if ns.Owns(b.events[i].Tenant) {
+			out = append(out, *b.events[i])
+		}
 	}
 	return out, nil
 }
 
-// OutboxStats counts events by state.
-func (b *Books) OutboxStats(context.Context) (lab.OutboxStats, error) {
+// OutboxStats counts a namespace's events by state ("" for every namespace).
+func (b *Books) OutboxStats(_ context.Context, ns lab.Namespace) (lab.OutboxStats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var s lab.OutboxStats
 	now := b.now()
 	for _, ev := range b.events {
+		if !ns.Owns(ev.Tenant) {
+			continue
+		}
 		switch ev.State {
 		case lab.EventPending:
 			s.Pending++
@@ -282,17 +317,18 @@ func (b *Books) receive(e lab.Event, direct bool) bool {
 		r.deliveries++
 		return true
 	}
-	b.receipts[e.ID] = &receipt{run: e.Run, direct: direct, deliveries: 1}
+	b.receipts[e.ID] = &receipt{namespace: lab.NamespaceOf(e.Tenant), run: e.Run, direct: direct, deliveries: 1}
 	return false
 }
 
-// Receipts counts the distinct receipts and deliveries of a run ("" for all).
-func (b *Books) Receipts(_ context.Context, run string) (int, int, error) {
+// Receipts counts the distinct receipts and deliveries of a namespace and
+// a run ("" for every namespace, every run).
+func (b *Books) Receipts(_ context.Context, ns lab.Namespace, run string) (int, int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	unique, deliveries := 0, 0
 	for _, r := range b.receipts {
-		if run == "" || r.run == run {
+		if (run == "" || r.run == run) && (ns == "" || r.namespace == ns) {
 			unique++
 			deliveries += r.deliveries
 		}

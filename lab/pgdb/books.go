@@ -128,20 +128,21 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 	return s, nil
 }
 
-// Summary aggregates the ledger per store.
-func (b *Books) Summary(ctx context.Context) ([]lab.StoreSummary, error) {
+// Summary aggregates a namespace's ledger per store ("" for every namespace).
+func (b *Books) Summary(ctx context.Context, ns lab.Namespace) ([]lab.StoreSummary, error) {
 	rows, err := b.pool.Query(ctx, `
-		WITH ops AS (
+		WITH mine AS (SELECT * FROM charges WHERE $1 = '' OR namespace = $1),
+		ops AS (
 			-- one operation per (tenant, key, order); a charge without a key is its own operation
 			SELECT DISTINCT ON (store, tenant_id, CASE WHEN idempotency_key = '' THEN id ELSE idempotency_key END, coalesce(order_id, ''))
 			       store, amount_cents
-			FROM charges
+			FROM mine
 			ORDER BY store, tenant_id, CASE WHEN idempotency_key = '' THEN id ELSE idempotency_key END, coalesce(order_id, ''), created_at
 		)
 		SELECT c.store, count(*), sum(c.amount_cents)::bigint,
 		       (SELECT count(*) FROM ops WHERE ops.store = c.store),
 		       (SELECT sum(amount_cents)::bigint FROM ops WHERE ops.store = c.store)
-		FROM charges c GROUP BY c.store ORDER BY c.store`)
+		FROM mine c GROUP BY c.store ORDER BY c.store`, string(ns))
 	if err != nil {
 		return nil, fmt.Errorf("error summarising the ledger: %w", err)
 	}
@@ -227,24 +228,24 @@ func (b *Books) MarkFailed(ctx context.Context, id string, next time.Time, dead 
 	return nil
 }
 
-// Events lists the newest events.
-func (b *Books) Events(ctx context.Context, limit int) ([]lab.Event, error) {
-	rows, err := b.pool.Query(ctx, `SELECT `+eventColumns+` FROM outbox ORDER BY created_at DESC LIMIT $1`, limit)
+// Events lists a namespace's newest events ("" for every namespace).
+func (b *Books) Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error) {
+	rows, err := b.pool.Query(ctx, `SELECT `+eventColumns+` FROM outbox WHERE $2 = '' OR namespace = $2 ORDER BY created_at DESC LIMIT $1`, limit, string(ns))
 	if err != nil {
 		return nil, fmt.Errorf("error listing events: %w", err)
 	}
 	return pgx.CollectRows(rows, scanEvent)
 }
 
-// OutboxStats counts events by state.
-func (b *Books) OutboxStats(ctx context.Context) (lab.OutboxStats, error) {
+// OutboxStats counts a namespace's events by state ("" for every namespace).
+func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error) {
 	var s lab.OutboxStats
 	var oldest float64
 	err := b.pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'delivered'),
 		       count(*) FILTER (WHERE state = 'dead'),
 		       coalesce(extract(epoch FROM $1::timestamptz - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
-		FROM outbox`, b.now()).Scan(&s.Pending, &s.Delivered, &s.Dead, &oldest)
+		FROM outbox WHERE $2 = '' OR namespace = $2`, b.now(), string(ns)).Scan(&s.Pending, &s.Delivered, &s.Dead, &oldest)
 	if err != nil {
 		return s, fmt.Errorf("error counting outbox events: %w", err)
 	}
@@ -267,30 +268,88 @@ func (b *Books) SendDirect(ctx context.Context, e lab.Event) error {
 func (b *Books) receive(ctx context.Context, e lab.Event, direct bool) (bool, error) {
 	var deliveries int
 	err := b.pool.QueryRow(ctx, `
-		INSERT INTO provider_receipts (event_id, run_id, direct, first_received_at, last_received_at) VALUES ($1::uuid, $2, $3, $4, $4)
+		INSERT INTO provider_receipts (event_id, run_id, direct, first_received_at, last_received_at, namespace) VALUES ($1::uuid, $2, $3, $4, $4, $5)
 		ON CONFLICT (event_id) DO UPDATE SET deliveries = provider_receipts.deliveries + 1, last_received_at = EXCLUDED.last_received_at
-		RETURNING deliveries`, e.ID, e.Run, direct, b.now()).Scan(&deliveries)
+		RETURNING deliveries`, e.ID, e.Run, direct, b.now(), string(lab.NamespaceOf(e.Tenant))).Scan(&deliveries)
 	if err != nil {
 		return false, fmt.Errorf("error recording receipt: %w", err)
 	}
 	return deliveries > 1, nil
 }
 
-// Receipts counts distinct receipts and deliveries of a run ("" for all).
-func (b *Books) Receipts(ctx context.Context, run string) (int, int, error) {
+// Receipts counts distinct receipts and deliveries of a namespace and a run
+// ("" for every namespace, every run).
+func (b *Books) Receipts(ctx context.Context, ns lab.Namespace, run string) (int, int, error) {
 	var unique, deliveries int
-	err := b.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(deliveries), 0)::int FROM provider_receipts WHERE $1 = '' OR run_id = $1`, run).Scan(&unique, &deliveries)
+	err := b.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(deliveries), 0)::int FROM provider_receipts
+		WHERE ($1 = '' OR run_id = $1) AND ($2 = '' OR namespace = $2)`, run, string(ns)).Scan(&unique, &deliveries)
 	if err != nil {
 		return 0, 0, fmt.Errorf("error counting receipts: %w", err)
 	}
 	return unique, deliveries, nil
 }
 
-// Reset empties the lab's own tables, and nothing else.
-func (b *Books) Reset(ctx context.Context) error {
-	_, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, provider_receipts, idempotency_requests, account_balances`)
+// Reset deletes a namespace's rows from the lab's own tables ("" empties
+// them, for the admin), and nothing else.
+func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
+	if ns == "" {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, provider_receipts, idempotency_requests, account_balances`); err != nil {
+			return fmt.Errorf("error truncating the lab's tables: %w", err)
+		}
+		return nil
+	}
+	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		for _, q := range []string{
+			`DELETE FROM provider_receipts WHERE namespace = $1`,
+			`DELETE FROM outbox WHERE namespace = $1`,
+			`DELETE FROM charges WHERE namespace = $1`,
+			`DELETE FROM idempotency_requests WHERE namespace = $1`,
+			`DELETE FROM account_balances WHERE split_part(tenant_id, '~', 1) = $1`,
+		} {
+			if _, err := tx.Exec(ctx, q, string(ns)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	if err != nil {
-		return fmt.Errorf("error truncating the lab's tables: %w", err)
+		return fmt.Errorf("error deleting namespace %s: %w", ns, err)
 	}
 	return nil
+}
+
+// Tenants keeps the tenants who joined the lab, by their token's hash.
+type Tenants struct{ pool *pgxpool.Pool }
+
+// NewTenants returns the joined tenants kept in pool's schema.
+func NewTenants(pool *pgxpool.Pool) *Tenants { return &Tenants{pool: pool} }
+
+// Add records a joined tenant.
+func (t *Tenants) Add(ctx context.Context, tokenHash, tenant string) error {
+	if _, err := t.pool.Exec(ctx, `INSERT INTO lab_tenants (token_sha256, tenant_id) VALUES ($1, $2)`, tokenHash, tenant); err != nil {
+		return fmt.Errorf("error recording tenant %s: %w", tenant, err)
+	}
+	return nil
+}
+
+// Lookup finds the tenant of a token's hash.
+func (t *Tenants) Lookup(ctx context.Context, tokenHash string) (string, bool, error) {
+	var tenant string
+	err := t.pool.QueryRow(ctx, `SELECT tenant_id FROM lab_tenants WHERE token_sha256 = $1`, tokenHash).Scan(&tenant)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return "", false, nil
+	case err != nil:
+		return "", false, fmt.Errorf("error looking up a token: %w", err)
+	}
+	return tenant, true, nil
+}
+
+// Count counts the attendees who joined (each has two tenants).
+func (t *Tenants) Count(ctx context.Context) (int, error) {
+	var n int
+	if err := t.pool.QueryRow(ctx, `SELECT count(*) / 2 FROM lab_tenants`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("error counting attendees: %w", err)
+	}
+	return n, nil
 }

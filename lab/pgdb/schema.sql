@@ -79,3 +79,22 @@ CREATE TABLE IF NOT EXISTS provider_receipts (
     last_received_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX IF NOT EXISTS provider_receipts_run ON provider_receipts (run_id);
+
+-- Namespaces: the part of the lab each attendee owns (a tenant and its
+-- second tenant, named tenant~2). Derived from the tenant, so no writer
+-- can get it wrong.
+ALTER TABLE idempotency_requests ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
+CREATE INDEX IF NOT EXISTS idempotency_requests_namespace ON idempotency_requests (namespace, created_at DESC);
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
+CREATE INDEX IF NOT EXISTS charges_namespace ON charges (namespace);
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
+CREATE INDEX IF NOT EXISTS outbox_namespace ON outbox (namespace, created_at DESC);
+ALTER TABLE provider_receipts ADD COLUMN IF NOT EXISTS namespace text NOT NULL DEFAULT '';
+CREATE INDEX IF NOT EXISTS provider_receipts_namespace ON provider_receipts (namespace);
+
+-- Tenants that joined the lab: only the SHA-256 of their token is kept.
+CREATE TABLE IF NOT EXISTS lab_tenants (
+    token_sha256 text        PRIMARY KEY,
+    tenant_id    text        NOT NULL,
+    joined_at    timestamptz NOT NULL DEFAULT now()
+);

@@ -20,9 +20,9 @@ type books interface {
 	lab.Ledger
 	relay.Outbox
 	relay.Provider
-	OutboxStats(ctx context.Context) (lab.OutboxStats, error)
-	Events(ctx context.Context, limit int) ([]lab.Event, error)
-	Receipts(ctx context.Context, run string) (int, int, error)
+	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
+	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
+	Receipts(ctx context.Context, ns lab.Namespace, run string) (int, int, error)
 }
 
 // flaky fails the first n deliveries, then passes them to the books.
@@ -98,11 +98,11 @@ func TestRelayRetriesThenDelivers(t *testing.T) {
 				}
 				c.Advance(time.Minute)
 			}
-			evs, _ := b.Events(ctx, 10)
+			evs, _ := b.Events(ctx, "", 10)
 			if len(evs) != 1 || evs[0].Attempts != 3 || evs[0].State != lab.EventDelivered {
 				t.Fatalf("events %+v, want one delivered on its third attempt", evs)
 			}
-			if unique, deliveries, _ := b.Receipts(ctx, "run-relay"); unique != 1 || deliveries != 1 {
+			if unique, deliveries, _ := b.Receipts(ctx, "", "run-relay"); unique != 1 || deliveries != 1 {
 				t.Fatalf("receipts %d, deliveries %d", unique, deliveries)
 			}
 		})
@@ -124,8 +124,8 @@ func TestRelayGivesUpVisibly(t *testing.T) {
 				}
 				c.Advance(2 * time.Minute) // past the capped backoff
 			}
-			s, _ := b.OutboxStats(ctx)
-			evs, _ := b.Events(ctx, 1)
+			s, _ := b.OutboxStats(ctx, "")
+			evs, _ := b.Events(ctx, "", 1)
 			if s.Dead != 1 || s.Pending != 0 || evs[0].Attempts != 3 || evs[0].LastError == "" {
 				t.Fatalf("stats %+v, event %+v: want it dead after 3 attempts, with its last error", s, evs[0])
 			}
@@ -149,7 +149,7 @@ func TestProviderDeduplicates(t *testing.T) {
 					t.Fatalf("delivery %d: duplicate=%v err=%v", i+1, dup, err)
 				}
 			}
-			if unique, deliveries, _ := b.Receipts(t.Context(), "run-relay"); unique != 1 || deliveries != 3 {
+			if unique, deliveries, _ := b.Receipts(t.Context(), "", "run-relay"); unique != 1 || deliveries != 3 {
 				t.Fatalf("receipts %d, deliveries %d; want 1 and 3", unique, deliveries)
 			}
 		})

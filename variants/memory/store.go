@@ -24,9 +24,11 @@ type Store struct {
 	wait   time.Duration // bound on waiting for an in-flight twin
 	now    lab.Clock
 
-	mu     sync.Mutex
-	table  map[string]*entry
-	expiry expiryHeap
+	mu sync.Mutex
+	// parts holds each namespace's keys apart, so a crash or a restart
+	// one attendee injects forgets their keys and nobody else's.
+	parts  map[lab.Namespace]map[string]*entry
+	expiry expiryHeap // every part's completed entries; stale ones are skipped
 }
 
 type entry struct {
@@ -58,7 +60,43 @@ func New(cfg Config) (*Store, error) {
 	case cfg.Window <= 0 || cfg.Wait <= 0:
 		return nil, fmt.Errorf("memory: window and wait must be positive (got %s, %s)", cfg.Window, cfg.Wait)
 	}
-	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, table: map[string]*entry{}}, nil
+	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, parts: map[lab.Namespace]map[string]*entry{}}, nil
+}
+
+// getLocked finds the entry of a scope.
+func (s *Store) getLocked(sc lab.Scope) (*entry, bool) {
+	e, ok := s.parts[lab.NamespaceOf(sc.Tenant)][sc.String()]
+	return e, ok
+}
+
+// putLocked stores e under its scope.
+func (s *Store) putLocked(e *entry) {
+	ns := lab.NamespaceOf(e.scope.Tenant)
+	part := s.parts[ns]
+	if part == nil {
+		part = map[string]*entry{}
+		s.parts[ns] = part
+	}
+	part[e.scope.String()] = e
+}
+
+// holdsLocked reports whether e is still the entry of its scope (not
+// replaced, evicted or forgotten by a crash or restart).
+func (s *Store) holdsLocked(e *entry) bool {
+	cur, ok := s.getLocked(e.scope)
+	return ok && cur == e
+}
+
+// deleteLocked forgets e, if it is still the entry of its scope.
+func (s *Store) deleteLocked(e *entry) {
+	if !s.holdsLocked(e) {
+		return
+	}
+	ns := lab.NamespaceOf(e.scope.Tenant)
+	delete(s.parts[ns], e.scope.String())
+	if len(s.parts[ns]) == 0 {
+		delete(s.parts, ns)
+	}
 }
 
 // Name is the store's name.
@@ -66,13 +104,12 @@ func (s *Store) Name() lab.StoreName { return Name }
 
 // Charge claims the key or waits for its twin, then charges at most once per replica.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
-	k := a.Scope.String()
 	deadline := time.NewTimer(s.wait)
 	defer deadline.Stop()
 	for {
-		e, claimed := s.claim(k, a)
+		e, claimed := s.claim(a)
 		if claimed {
-			return s.perform(ctx, k, e, a)
+			return s.perform(ctx, e, a)
 		}
 		if e.fingerprint != a.Fingerprint {
 			return lab.Outcome{}, lab.ErrKeyReused
@@ -94,15 +131,15 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 }
 
-// claim returns the live entry for k, creating it (claimed=true) when absent
+// claim returns the live entry of the attempt's scope, creating it (claimed=true) when absent
 // or expired, or taking over one whose outcome is unknown with its charge id.
-func (s *Store) claim(k string, a lab.Attempt) (*entry, bool) {
+func (s *Store) claim(a lab.Attempt) (*entry, bool) {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.evictLocked(now, 2) // amortised eviction keeps the table bounded without a sweeper
 	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, chargeID: lab.NewChargeID()}
-	if old, ok := s.table[k]; ok {
+	if old, ok := s.getLocked(a.Scope); ok {
 		switch {
 		case old.unknown && !now.Before(old.expiresAt):
 			// Unsettled past its retention: forgotten like any expired key.
@@ -114,13 +151,13 @@ func (s *Store) claim(k string, a lab.Attempt) (*entry, bool) {
 			return old, false
 		}
 	}
-	s.table[k] = e
+	s.putLocked(e)
 	return e, true
 }
 
-func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) (lab.Outcome, error) {
+func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outcome, error) {
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
-		s.crash()
+		s.crash(lab.NamespaceOf(a.Scope.Tenant))
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	a.ChargeID = e.chargeID
@@ -132,11 +169,11 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 		return lab.Outcome{}, err
 	}
 	if err != nil {
-		s.release(k, e) // nothing was charged
+		s.release(e) // nothing was charged
 		return lab.Outcome{}, err
 	}
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
-		s.crash()
+		s.crash(lab.NamespaceOf(a.Scope.Tenant))
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	retention := a.Faults.RetentionOr(s.window)
@@ -147,7 +184,7 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 	}
 	e.resp = &resp
 	e.expiresAt = s.now().Add(retention)
-	if s.table[k] == e { // not forgotten by a restart meanwhile
+	if s.holdsLocked(e) { // not forgotten by a restart meanwhile
 		heap.Push(&s.expiry, e)
 	}
 	close(e.done)
@@ -156,12 +193,10 @@ func (s *Store) perform(ctx context.Context, k string, e *entry, a lab.Attempt) 
 
 // release forgets a claim whose work failed before anything was charged, so
 // a retry may run it again.
-func (s *Store) release(k string, e *entry) {
+func (s *Store) release(e *entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.table[k] == e {
-		delete(s.table, k)
-	}
+	s.deleteLocked(e)
 	if !e.crashed {
 		close(e.done)
 	}
@@ -178,42 +213,47 @@ func (s *Store) settleLater(e *entry, a lab.Attempt) {
 	}
 	e.unknown = true
 	e.expiresAt = s.now().Add(retention) // kept no longer than a completed key
-	if s.table[e.scope.String()] == e {
+	if s.holdsLocked(e) {
 		heap.Push(&s.expiry, e)
 	}
 	close(e.done)
 }
 
-// crash loses the table, as the death of this replica's process would, and
-// takes down the requests waiting on it: their connections die too.
-func (s *Store) crash() {
+// crash loses the namespace's keys, as the death of this replica's process
+// would lose them all, and takes down the requests waiting on them: their
+// connections die too. Other namespaces keep theirs: one attendee's crash
+// is not another's.
+func (s *Store) crash(ns lab.Namespace) {
 	s.mu.Lock()
 	var inFlight []*entry
-	for _, e := range s.table {
+	for _, e := range s.parts[ns] {
 		if e.resp == nil && !e.unknown {
 			e.crashed = true
 			inFlight = append(inFlight, e)
 		}
 	}
-	s.table = map[string]*entry{}
-	s.expiry = nil
+	delete(s.parts, ns)
 	s.mu.Unlock()
 	for _, e := range inFlight {
 		close(e.done)
 	}
 }
 
-// Restart forgets every key, as a process restart does.
-func (s *Store) Restart(context.Context) error {
+// Restart forgets the namespace's keys ("" for every key), as a process
+// restart does.
+func (s *Store) Restart(_ context.Context, ns lab.Namespace) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.table = map[string]*entry{}
-	s.expiry = nil
+	if ns == "" {
+		s.parts, s.expiry = map[lab.Namespace]map[string]*entry{}, nil
+		return nil
+	}
+	delete(s.parts, ns)
 	return nil
 }
 
-// Reset forgets every key.
-func (s *Store) Reset(ctx context.Context) error { return s.Restart(ctx) }
+// Reset forgets the namespace's keys ("" for every key).
+func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error { return s.Restart(ctx, ns) }
 
 // Sweep evicts every expired key.
 func (s *Store) Sweep(context.Context) (int, error) {
@@ -227,27 +267,30 @@ func (s *Store) evictLocked(now time.Time, max int) int {
 	n := 0
 	for len(s.expiry) > 0 && n != max && !now.Before(s.expiry[0].expiresAt) {
 		e := heap.Pop(&s.expiry).(*entry)
-		k := e.scope.String()
-		if s.table[k] == e {
-			delete(s.table, k)
+		if s.holdsLocked(e) {
+			s.deleteLocked(e)
+			n++
 		}
-		n++
 	}
 	return n
 }
 
-// Len reports how many keys the table holds.
+// Len reports how many keys the store holds.
 func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.table)
+	n := 0
+	for _, part := range s.parts {
+		n += len(part)
+	}
+	return n
 }
 
 // Lookup reports the state of one key.
 func (s *Store) Lookup(_ context.Context, sc lab.Scope) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, ok := s.table[sc.String()]
+	e, ok := s.getLocked(sc)
 	switch {
 	case !ok || ((e.resp != nil || e.unknown) && !s.now().Before(e.expiresAt)):
 		return lab.KeyAbsent, nil
@@ -257,12 +300,16 @@ func (s *Store) Lookup(_ context.Context, sc lab.Scope) (string, error) {
 	return lab.KeyCompleted, nil
 }
 
-// Keys lists the newest keys.
-func (s *Store) Keys(_ context.Context, limit int) ([]lab.KeyState, int, error) {
+// Keys lists the namespace's newest keys ("" for every namespace).
+func (s *Store) Keys(_ context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	s.mu.Lock()
-	entries := make([]*entry, 0, len(s.table))
-	for _, e := range s.table {
-		entries = append(entries, e)
+	var entries []*entry
+	for name, part := range s.parts {
+		if ns == "" || name == ns {
+			for _, e := range part {
+				entries = append(entries, e)
+			}
+		}
 	}
 	now := s.now()
 	s.mu.Unlock()

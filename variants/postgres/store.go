@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,6 +27,13 @@ type Store struct {
 	appName string // application_name of this lab's connections
 	reset   func() // drops every pool's connections after a restart
 	now     lab.Clock
+	// budget is how many of the pool's connections one namespace may hold
+	// at once, so one attendee's slow transactions never starve another's.
+	budget int
+
+	mu     sync.Mutex
+	held   map[lab.Namespace]chan struct{} // per namespace, a token per connection held
+	inUse map[lab.Namespace]map[uint32]int // per namespace, the backends serving it now
 }
 
 // Config configures a Store; every field but ResetPools is required.
@@ -54,7 +62,41 @@ func New(cfg Config) (*Store, error) {
 	if reset == nil {
 		reset = cfg.Pool.Reset
 	}
-	return &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now}, nil
+	return &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now,
+		budget: max(1, int(cfg.Pool.Config().MaxConns)/4),
+		held:   map[lab.Namespace]chan struct{}{}, inUse: map[lab.Namespace]map[uint32]int{}}, nil
+}
+
+// slots is the namespace's connection budget.
+func (s *Store) slots(ns lab.Namespace) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.held[ns]
+	if c == nil {
+		c = make(chan struct{}, s.budget)
+		s.held[ns] = c
+	}
+	return c
+}
+
+// serving records that backend pid works for ns until the returned func runs.
+func (s *Store) serving(ns lab.Namespace, pid uint32) (done func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inUse[ns] == nil {
+		s.inUse[ns] = map[uint32]int{}
+	}
+	s.inUse[ns][pid]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.inUse[ns][pid]--; s.inUse[ns][pid] == 0 {
+			delete(s.inUse[ns], pid)
+		}
+		if len(s.inUse[ns]) == 0 {
+			delete(s.inUse, ns)
+		}
+	}
 }
 
 // Name is the store's name.
@@ -78,11 +120,23 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 
 func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err error) {
 	retention := a.Faults.RetentionOr(s.window)
-	// The whole wait is bounded: for a connection, then for a twin's lock.
+	// The whole wait is bounded: for the namespace's budget and a
+	// connection, then for a twin's lock.
 	start := time.Now()
+	ns := lab.NamespaceOf(a.Scope.Tenant)
 	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
+	defer cancel()
+	slots := s.slots(ns)
+	select {
+	case slots <- struct{}{}:
+		defer func() { <-slots }()
+	case <-acquireCtx.Done():
+		if ctx.Err() != nil {
+			return out, ctx.Err()
+		}
+		return out, fmt.Errorf("%w: this namespace already holds its %d PostgreSQL connections of this replica, for %s", lab.ErrStoreUnavailable, s.budget, s.wait)
+	}
 	conn, err := s.pool.Acquire(acquireCtx)
-	cancel()
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			return out, fmt.Errorf("%w: every PostgreSQL connection of this replica stayed busy for %s", lab.ErrStoreUnavailable, s.wait)
@@ -90,6 +144,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, fmt.Errorf("error acquiring connection: %w", err)
 	}
 	defer conn.Release()
+	defer s.serving(ns, conn.Conn().PgConn().PID())()
 	// READ COMMITTED whatever the server's default: after waiting for a twin,
 	// the claim must see the row the twin committed.
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
@@ -251,15 +306,15 @@ func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
 }
 
 // Keys lists the newest keys.
-func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error) {
+func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	var total int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_requests`).Scan(&total); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_requests WHERE $1 = '' OR namespace = $1`, string(ns)).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
 		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
-		FROM idempotency_requests ORDER BY created_at DESC LIMIT $1`, limit, s.now())
+		FROM idempotency_requests WHERE $3 = '' OR namespace = $3 ORDER BY created_at DESC LIMIT $1`, limit, s.now(), string(ns))
 	if err != nil {
 		return nil, 0, fmt.Errorf("error listing keys: %w", err)
 	}
@@ -275,21 +330,39 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error
 }
 
 // Reset deletes every key row.
-func (s *Store) Reset(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, `TRUNCATE idempotency_requests`); err != nil {
+func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
+	if _, err := s.pool.Exec(ctx, `DELETE FROM idempotency_requests WHERE $1 = '' OR namespace = $1`, string(ns)); err != nil {
 		return fmt.Errorf("error deleting keys: %w", err)
 	}
 	return nil
 }
 
-// Restart kills this lab's database sessions, as a server restart would:
-// open transactions roll back, committed rows stay.
-func (s *Store) Restart(ctx context.Context) error {
-	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-		WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.appName); err != nil {
+// Restart kills the database sessions serving a namespace, as a server
+// restart would kill every session: their open transactions roll back,
+// committed rows stay. Another namespace's sessions are not touched. With
+// "" it kills every session of this lab (the admin's restart).
+func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error {
+	if ns == "" {
+		if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.appName); err != nil {
+			return fmt.Errorf("error terminating sessions: %w", err)
+		}
+		s.reset() // the pools' idle connections are dead: drop them
+		return nil
+	}
+	s.mu.Lock()
+	var pids []int32
+	for pid := range s.inUse[ns] {
+		pids = append(pids, int32(pid))
+	}
+	s.mu.Unlock()
+	if len(pids) == 0 {
+		return nil // nothing in flight: a restart loses nothing durable
+	}
+	// Their connections die with them; the pool discards each as it returns.
+	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
 		return fmt.Errorf("error terminating sessions: %w", err)
 	}
-	s.reset() // the pools' idle connections are dead: drop them
 	return nil
 }
 

@@ -180,7 +180,7 @@ func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
 	if _, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, "")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Restart(context.Background()); err != nil {
+	if err := s.Restart(context.Background(), ""); err != nil {
 		t.Fatal(err)
 	}
 	out, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, ""))
@@ -229,7 +229,7 @@ func TestExpiryAndSweeper(t *testing.T) {
 	if err != nil || n != 5 {
 		t.Fatalf("swept %d (%v), want the 5 expired keys", n, err)
 	}
-	if _, total, _ := s.Keys(ctx, 10); total != 2 {
+	if _, total, _ := s.Keys(ctx, "", 10); total != 2 {
 		t.Fatalf("%d keys left, want the live one and the order's fresh one", total)
 	}
 }

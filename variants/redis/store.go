@@ -111,9 +111,23 @@ func decode(v string) (decoded, error) {
 	return decoded{state: lab.KeyCompleted, fingerprint: r.Fingerprint, rec: r}, nil
 }
 
-// key scopes by tenant and endpoint; escaping keeps the parts apart.
+// key scopes by namespace, tenant and endpoint; escaping keeps the parts
+// apart and leaves no glob character, so a namespace's keys are one SCAN
+// pattern (see pattern).
 func (s *Store) key(sc lab.Scope) string {
-	return s.prefix + "idem:" + url.QueryEscape(sc.Tenant) + "|" + url.QueryEscape(sc.Endpoint) + "|" + url.QueryEscape(sc.Key)
+	return s.nsPrefix(lab.NamespaceOf(sc.Tenant)) + url.QueryEscape(sc.Tenant) + "|" + url.QueryEscape(sc.Endpoint) + "|" + url.QueryEscape(sc.Key)
+}
+
+func (s *Store) nsPrefix(ns lab.Namespace) string {
+	return s.prefix + "idem:" + url.QueryEscape(string(ns)) + "|"
+}
+
+// pattern matches the namespace's keys ("" for every namespace's).
+func (s *Store) pattern(ns lab.Namespace) string {
+	if ns == "" {
+		return s.prefix + "idem:*"
+	}
+	return s.nsPrefix(ns) + "*"
 }
 
 // swap replaces a value only while it is still the one we hold: a claim that
@@ -248,11 +262,11 @@ func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
 	return d.state, err
 }
 
-// scan visits every key of the lab's namespace.
-func (s *Store) scan(ctx context.Context, visit func(keys []string) error) error {
+// scan visits every key of a namespace ("" for all the lab's keys).
+func (s *Store) scan(ctx context.Context, ns lab.Namespace, visit func(keys []string) error) error {
 	var cursor uint64
 	for {
-		keys, next, err := s.client.Scan(ctx, cursor, s.prefix+"idem:*", 500).Result()
+		keys, next, err := s.client.Scan(ctx, cursor, s.pattern(ns), 500).Result()
 		if err != nil {
 			return fmt.Errorf("error scanning keys: %w", err)
 		}
@@ -267,11 +281,11 @@ func (s *Store) scan(ctx context.Context, visit func(keys []string) error) error
 	}
 }
 
-// Keys lists the newest keys (scanning the lab's namespace).
-func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error) {
+// Keys lists a namespace's newest keys (scanning its part of the prefix).
+func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	var out []lab.KeyState
 	now := s.now()
-	err := s.scan(ctx, func(keys []string) error {
+	err := s.scan(ctx, ns, func(keys []string) error {
 		vals, err := s.client.MGet(ctx, keys...).Result()
 		if err != nil {
 			return fmt.Errorf("error reading keys: %w", err)
@@ -285,11 +299,11 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error
 			if err != nil {
 				continue
 			}
-			parts := strings.SplitN(strings.TrimPrefix(keys[i], s.prefix+"idem:"), "|", 3)
+			parts := strings.SplitN(strings.TrimPrefix(keys[i], s.prefix+"idem:"), "|", 4) // namespace, tenant, endpoint, key
 			ks := lab.KeyState{State: d.state, Fingerprint: d.fingerprint, CreatedAt: d.rec.CreatedAt, AgeMS: now.Sub(d.rec.CreatedAt).Milliseconds()}
-			if len(parts) == 3 {
-				ks.Tenant, _ = url.QueryUnescape(parts[0])
-				ks.Key, _ = url.QueryUnescape(parts[2])
+			if len(parts) == 4 {
+				ks.Tenant, _ = url.QueryUnescape(parts[1])
+				ks.Key, _ = url.QueryUnescape(parts[3])
 			}
 			ks.Status = d.rec.Status
 			out = append(out, ks)
@@ -300,16 +314,21 @@ func (s *Store) Keys(ctx context.Context, limit int) ([]lab.KeyState, int, error
 	return out[:min(limit, len(out))], len(out), err
 }
 
-// Reset deletes the lab's keys, and only those.
-func (s *Store) Reset(ctx context.Context) error { return s.deleteAll(ctx) }
+// Reset deletes a namespace's keys ("" for all the lab's keys), and only those.
+func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error { return s.deleteAll(ctx, ns) }
 
-// Restart loses every key, as Redis restarting without persistence does.
-// Only the lab's own keys are deleted, never the whole database.
-func (s *Store) Restart(ctx context.Context) error { return s.deleteAll(ctx) }
+// Restart loses a namespace's keys ("" for all the lab's), as Redis
+// restarting without persistence loses every key. Only the lab's own keys
+// are deleted, never the whole database, and one attendee's restart never
+// touches another's keys.
+func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error { return s.deleteAll(ctx, ns) }
 
-func (s *Store) deleteAll(ctx context.Context) error {
-	return s.scan(ctx, func(keys []string) error {
-		return s.client.Unlink(ctx, keys...).Err()
+func (s *Store) deleteAll(ctx context.Context, ns lab.Namespace) error {
+	return s.scan(ctx, ns, func(keys []string) error {
+		if err := s.client.Unlink(ctx, keys...).Err(); err != nil {
+			return fmt.Errorf("error deleting keys: %w", err)
+		}
+		return nil
 	})
 }
 

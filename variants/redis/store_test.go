@@ -60,7 +60,7 @@ func newStore(t *testing.T, url string, books lab.Ledger) *redis.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.Reset(context.Background()) })
+	t.Cleanup(func() { _ = s.Reset(context.Background(), "") })
 	return s
 }
 
@@ -192,7 +192,7 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 		if _, err := s.Charge(ctx, attempt("k-restart", 100, lab.Faults{})); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Restart(ctx); err != nil {
+		if err := s.Restart(ctx, ""); err != nil {
 			t.Fatal(err)
 		}
 		if st, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
