@@ -98,12 +98,21 @@ func (f Faults) String() string {
 // ParseFaults reads the Lab-Fault header.
 func ParseFaults(h string) (Faults, error) {
 	var f Faults
+	seen := map[string]bool{}
 	for part := range strings.SplitSeq(h, ";") {
 		part = strings.TrimSpace(part)
 		if part == "" {
 			continue
 		}
 		name, value, isParam := strings.Cut(part, "=")
+		name = strings.TrimSpace(name)
+		if !isParam {
+			name = "fault point"
+		}
+		if seen[name] {
+			return f, Invalid(FaultHeader, "gives the %s twice", strconv.Quote(name))
+		}
+		seen[name] = true
 		if !isParam {
 			point, err := ParseFaultPoint(FaultHeader, part)
 			if err != nil {
@@ -112,21 +121,22 @@ func ParseFaults(h string) (Faults, error) {
 			f.Point = point
 			continue
 		}
-		ms, err := strconv.ParseInt(strings.TrimSpace(value), 10, 64)
-		if err != nil || ms < 1 || ms > 60_000 {
-			return f, Invalid(FaultHeader, "%s must be an integer in 1..60000", name)
-		}
-		d := time.Duration(ms) * time.Millisecond
-		switch strings.TrimSpace(name) {
+		var dst *time.Duration
+		switch name {
 		case "work_ms":
-			f.Work = d
+			dst = &f.Work
 		case "ttl_ms":
-			f.ClaimTTL = d
+			dst = &f.ClaimTTL
 		case "window_ms":
-			f.Retention = d
+			dst = &f.Retention
 		default:
 			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms", name)
 		}
+		ms, err := ParseInt(FaultHeader, value, true, 0, 1, 60_000)
+		if err != nil {
+			return f, Invalid(FaultHeader, "%s must be an integer in 1..60000 (got %q)", name, value)
+		}
+		*dst = time.Duration(ms) * time.Millisecond
 	}
 	if f.Point == FaultSlow && f.Work == 0 {
 		return f, Invalid(FaultHeader, "slow needs work_ms in 1..60000")

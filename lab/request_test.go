@@ -48,7 +48,8 @@ func TestParseFaults(t *testing.T) {
 	if err != nil || f.Point != lab.FaultSlow || f.Work.Milliseconds() != 300 || f.ClaimTTL.Milliseconds() != 100 {
 		t.Fatalf("%+v %v", f, err)
 	}
-	for _, bad := range []string{"meteor", "slow", "slow; work_ms=0", "crash_after_claim; x=1"} {
+	for _, bad := range []string{"meteor", "slow", "slow; work_ms=0", "crash_after_claim; x=1", "slow; work_ms=+300",
+		"slow; work_ms=0300", "slow; work_ms= 300", "slow; expired; work_ms=5", "slow; work_ms=1; work_ms=2", "\xd7=1"} {
 		if _, err := lab.ParseFaults(bad); err == nil {
 			t.Errorf("ParseFaults(%q) accepted", bad)
 		}

@@ -39,7 +39,15 @@ func (s *Server) chargeUnsafe(c echo.Context) error {
 
 // chargeIdempotent runs ?store=, a design that checks the key.
 func (s *Server) chargeIdempotent(c echo.Context) error {
-	name := cmp.Or(lab.StoreName(c.QueryParam("store")), s.cfg.DefaultStore)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	raw, err := q.Name("store", string(s.cfg.DefaultStore))
+	if err != nil {
+		return err
+	}
+	name := lab.StoreName(raw)
 	v, ok := s.deps.Variants.Get(name)
 	if !ok {
 		return lab.Invalid("store", "must be one of %s (got %q)", s.storeList(), name)
@@ -95,61 +103,66 @@ func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (e
 }
 
 func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Identity) (experiment.Spec, int, error) {
-	q := c.QueryParam
-	spec := experiment.Spec{Store: store, Key: cmp.Or(q("key"), defaultKey), Account: cmp.Or(q("account"), defaultAccount), OrderID: q("order_id")}
-	if err := lab.ValidateKey(spec.Key); err != nil {
-		return spec, 0, lab.Invalid("key", "must be 1..%d bytes of printable text", lab.MaxKeyBytes)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return experiment.Spec{}, 0, err
 	}
-	attempts, err := lab.ParseRange("attempts", q("attempts"), defaultAttempts, 1, 64)
+	spec := experiment.Spec{Store: store, Tenant: id.Tenant, Token: id.Token}
+	if spec.Key, err = q.Text("key", defaultKey, lab.MaxKeyBytes); err != nil {
+		return spec, 0, err
+	}
+	if spec.Account, err = q.Text("account", defaultAccount, lab.MaxAccountBytes); err != nil {
+		return spec, 0, err
+	}
+	if spec.OrderID, err = q.Text("order_id", "", lab.MaxOrderIDBytes); err != nil {
+		return spec, 0, err
+	}
+	attempts, err := q.Int("attempts", defaultAttempts, 1, 64)
 	if err != nil {
 		return spec, 0, err
 	}
-	amount, err := lab.ParseRange("amount", q("amount"), defaultAmount, 1, lab.MaxAmountCents)
+	if spec.AmountCents, err = q.Int("amount", defaultAmount, 1, lab.MaxAmountCents); err != nil {
+		return spec, 0, err
+	}
+	replicas, err := q.Int("replicas", 1, 1, int64(s.deps.Cluster.MaxReplicas()))
 	if err != nil {
 		return spec, 0, err
 	}
-	maxReplicas := int64(s.deps.Cluster.MaxReplicas())
-	replicas, err := lab.ParseRange("replicas", q("replicas"), 1, 1, maxReplicas)
-	if err != nil {
-		return spec, 0, err
-	}
-	spec.Attempts, spec.AmountCents = int(attempts), amount
-	if _, err := (lab.ChargeRequest{Account: spec.Account, AmountCents: amount, OrderID: spec.OrderID}).Normalize(); err != nil {
-		return spec, 0, renameParam(err, "account", "order_id")
-	}
+	spec.Attempts = int(attempts)
 	for _, p := range []string{"tenant", "other_tenant"} {
-		if c.QueryParams().Has(p) {
+		if _, present, _ := q.Lookup(p); present {
 			return spec, 0, lab.Invalid(p, "is not a parameter: a run acts as the tenant of your token (none: the public namespace)")
 		}
 	}
-	spec.Token, spec.Tenant = id.Token, id.Tenant
-	switch spec.Scenario = cmp.Or(experiment.Scenario(q("scenario")), experiment.ScenarioRetries); spec.Scenario {
-	case experiment.ScenarioRetries, experiment.ScenarioReused:
-	case experiment.ScenarioTenants:
+	scenario, err := q.Choice("scenario", string(experiment.ScenarioRetries),
+		string(experiment.ScenarioRetries), string(experiment.ScenarioReused), string(experiment.ScenarioTenants))
+	if err != nil {
+		return spec, 0, err
+	}
+	if spec.Scenario = experiment.Scenario(scenario); spec.Scenario == experiment.ScenarioTenants {
 		second := id.Second() // the namespace's other tenant
 		if second.Tenant == id.Tenant {
 			return spec, 0, lab.Invalid("scenario", "tenants runs as a namespace's first tenant; this token is its second")
 		}
 		spec.OtherToken, spec.OtherTenant = second.Token, second.Tenant
-	default:
-		return spec, 0, lab.Invalid("scenario", "must be one of retries, reused, tenants (got %q)", spec.Scenario)
 	}
-	fault := q("fault")
-	if fault == "none" {
-		fault = ""
+	fault, err := q.Name("fault", "none")
+	if err != nil {
+		return spec, 0, err
 	}
-	if fault == "" && q("ttl_ms") == "" {
+	_, ttlGiven, _ := q.Lookup("ttl_ms")
+	if fault == "none" && !ttlGiven {
 		return spec, int(replicas), nil // a plain run: no Lab-Fault header at all
 	}
 	if err := s.requireFaults(); err != nil {
 		return spec, 0, err // ttl_ms and faults travel in the Lab-Fault header
 	}
-	ttl, err := lab.ParseRange("ttl_ms", q("ttl_ms"), defaultTTLms, 1, 60_000)
+	ttl, err := q.Int("ttl_ms", defaultTTLms, 1, 60_000)
 	if err != nil {
 		return spec, 0, err
 	}
 	spec.Faults.ClaimTTL = time.Duration(ttl) * time.Millisecond
-	if fault == "" {
+	if fault == "none" {
 		return spec, int(replicas), nil
 	}
 	if spec.Faults.Point, err = lab.ParseFaultPoint("fault", fault); err != nil {
@@ -157,13 +170,13 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	}
 	switch spec.Faults.Point {
 	case lab.FaultSlow:
-		work, err := lab.ParseRange("work_ms", q("work_ms"), defaultWorkMS, 1, 60_000)
+		work, err := q.Int("work_ms", defaultWorkMS, 1, maxSlowWork.Milliseconds())
 		if err != nil {
 			return spec, 0, err
 		}
 		spec.Faults.Work = time.Duration(work) * time.Millisecond
 	case lab.FaultExpired:
-		window, err := lab.ParseRange("window_ms", q("window_ms"), defaultWindowMS, 1, 60_000)
+		window, err := q.Int("window_ms", defaultWindowMS, 1, 60_000)
 		if err != nil {
 			return spec, 0, err
 		}
@@ -172,27 +185,32 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	return spec, int(replicas), nil
 }
 
-// renameParam keeps validation messages in the query's vocabulary.
-func renameParam(err error, names ...string) error {
-	if ie, ok := err.(*lab.InvalidError); ok && slices.Contains(names, ie.Param) {
-		return err
-	}
-	if ie, ok := err.(*lab.InvalidError); ok && ie.Param == "amount_cents" {
-		return lab.Invalid("amount", "%s", ie.Reason)
-	}
-	return err
-}
-
 // state lists stored keys (bounded, newest first), or one key's state.
 func (s *Server) state(c echo.Context) error {
 	ctx := c.Request().Context()
-	limit, err := lab.ParseRange("limit", c.QueryParam("limit"), defaultLimit, 1, 200)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	limit, err := q.Int("limit", defaultLimit, 1, 200)
+	if err != nil {
+		return err
+	}
+	store, err := q.Name("store", "")
+	if err != nil {
+		return err
+	}
+	key, err := q.Text("key", "", lab.MaxKeyBytes)
+	if err != nil {
+		return err
+	}
+	account, err := q.Text("account", defaultAccount, lab.MaxAccountBytes)
 	if err != nil {
 		return err
 	}
 	names := s.deps.Variants.Names()
-	if name := c.QueryParam("store"); name != "" {
-		st, err := s.pickStore(name)
+	if store != "" {
+		st, err := s.pickStore(store)
 		if err != nil {
 			return err
 		}
@@ -202,7 +220,7 @@ func (s *Server) state(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if key := c.QueryParam("key"); key != "" {
+	if key != "" {
 		tenant := who.Tenant
 		if len(names) != 1 {
 			return lab.Invalid("store", "is required with key=")
@@ -238,7 +256,6 @@ func (s *Server) state(c echo.Context) error {
 		stores[name] = map[string]any{"keys": keys, "total": total, "where": where}
 	}
 	balances := map[string]int64{}
-	account := cmp.Or(c.QueryParam("account"), defaultAccount)
 	for _, tenant := range []string{who.Tenant, who.Second().Tenant} {
 		b, err := s.deps.Books.Balance(ctx, tenant, account)
 		if err != nil {
@@ -254,7 +271,11 @@ func (s *Server) state(c echo.Context) error {
 
 func (s *Server) outbox(c echo.Context) error {
 	ctx := c.Request().Context()
-	limit, err := lab.ParseRange("limit", c.QueryParam("limit"), defaultLimit, 1, 200)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	limit, err := q.Int("limit", defaultLimit, 1, 200)
 	if err != nil {
 		return err
 	}
@@ -338,9 +359,13 @@ func (s *Server) matrix(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	format := cmp.Or(c.QueryParam("format"), "json")
-	if format != "json" && format != "markdown" && format != "table" {
-		return lab.Invalid("format", "must be json, markdown or table (got %q)", format)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	format, err := q.Choice("format", "json", "json", "markdown", "table")
+	if err != nil {
+		return err
 	}
 	if s.deps.Cluster.MaxReplicas() < 3 {
 		return lab.Invalid("replicas", "the matrix needs 3 replicas; this server has %d", s.deps.Cluster.MaxReplicas())

@@ -107,7 +107,7 @@ type Server struct {
 
 // Bounds on what one namespace may hold of a replica with slow faults.
 const (
-	maxSlowAttempts = 4                // slow attempts in flight at once
+	maxSlowAttempts = 64               // slow attempts in flight at once: one run's worth
 	maxSlowWork     = 10 * time.Second // work_ms of one slow attempt
 )
 
@@ -262,7 +262,15 @@ func (c caller) view() lab.Namespace {
 // postCharge is POST /charges, the path every attempt takes.
 func (s *Server) postCharge(c echo.Context) error {
 	r := c.Request()
-	st, err := s.pickStore(c.QueryParam("store"))
+	q, err := lab.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	store, err := q.Name("store", "")
+	if err != nil {
+		return err
+	}
+	st, err := s.pickStore(store)
 	if err != nil {
 		return err
 	}
@@ -375,7 +383,7 @@ func (s *Server) index(c echo.Context) error {
 		Routes: []string{
 			"POST " + base + "/charges?store=" + string(s.cfg.DefaultStore) + " (Idempotency-Key, Authorization: Bearer <token>)",
 			"GET " + base + "/charge-unsafe?key=order-4711&account=acct-1&attempts=5&amount=2500",
-			"GET " + base + "/charge-idempotent?store=" + string(s.cfg.DefaultStore) + "&key=order-4711&attempts=5&amount=2500&replicas=1&fault=",
+			"GET " + base + "/charge-idempotent?store=" + string(s.cfg.DefaultStore) + "&key=order-4711&attempts=5&amount=2500&replicas=1&fault=none",
 			"GET " + base + "/idempotency/state?limit=20",
 			"GET " + base + "/outbox?limit=20",
 			"GET " + base + "/diagnostics/summary",
@@ -491,17 +499,18 @@ func (s *Server) ResetLocal(ctx context.Context, ns lab.Namespace) error {
 
 // scope reads ?all=true: every namespace, which only the admin may ask for
 // (anyone, on a lab without an admin token).
-func (s *Server) scope(c echo.Context, who caller) (lab.Namespace, error) {
-	switch c.QueryParam("all") {
-	case "", "false":
-		return who.Namespace, nil
-	case "true":
-		if s.cfg.AdminToken != "" && !who.admin {
-			return "", errAdmin
-		}
-		return "", nil
+func (s *Server) scope(q lab.Query, who caller) (lab.Namespace, error) {
+	all, err := q.Choice("all", "false", "false", "true")
+	if err != nil {
+		return "", err
 	}
-	return "", lab.Invalid("all", "must be true or false (got %q)", c.QueryParam("all"))
+	if all == "false" {
+		return who.Namespace, nil
+	}
+	if s.cfg.AdminToken != "" && !who.admin {
+		return "", errAdmin
+	}
+	return "", nil
 }
 
 func (s *Server) resetLab(c echo.Context) error {
@@ -509,16 +518,24 @@ func (s *Server) resetLab(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ns, err := s.scope(c, who)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	ns, err := s.scope(q, who)
+	if err != nil {
+		return err
+	}
+	local, err := q.Choice("local", "false", "false", "true")
 	if err != nil {
 		return err
 	}
 	ctx := c.Request().Context()
-	s.log.InfoContext(ctx, "reset", "namespace", nsName(ns), "asked_by", nsName(who.view()), "local", c.QueryParam("local") == "true")
+	s.log.InfoContext(ctx, "reset", "namespace", nsName(ns), "asked_by", nsName(who.view()), "local", local)
 	if err := s.ResetLocal(ctx, ns); err != nil {
 		return err
 	}
-	if c.QueryParam("local") != "true" {
+	if local == "false" {
 		if err := s.deps.Books.Reset(ctx, ns); err != nil {
 			return fmt.Errorf("error resetting the books: %w", err)
 		}
@@ -555,11 +572,19 @@ func (s *Server) restartStore(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	ns, err := s.scope(c, who)
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
-	st, err := s.pickStore(c.QueryParam("store"))
+	ns, err := s.scope(q, who)
+	if err != nil {
+		return err
+	}
+	store, err := q.Name("store", "")
+	if err != nil {
+		return err
+	}
+	st, err := s.pickStore(store)
 	if err != nil {
 		return err
 	}
