@@ -87,8 +87,11 @@ func toProblem(err error) (*problemError, time.Duration) {
 		}
 		return problem(he.Code, code, http.StatusText(he.Code), http.StatusText(he.Code)), 0
 	}
-	return problem(http.StatusInternalServerError, "internal_error", "Internal error",
-		"the server failed before answering; retry with the same key to learn the outcome"), 0
+	// Whatever is left failed below the API: a dependency (PostgreSQL, Redis)
+	// that dropped or refused the request. Never a bare 500: the client is
+	// told to come back, and a retry with the same key is safe.
+	return problem(http.StatusServiceUnavailable, "unavailable", "Service unavailable",
+		"a service the lab depends on failed before the answer was known; retry with the same key to learn the outcome"), time.Second
 }
 
 // writeProblem sends err as application/problem+json.

@@ -3,6 +3,7 @@ package experiment
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -270,13 +271,29 @@ type keyTally []lab.KeyTally
 func (r *Runner) tally(ctx context.Context, spec Spec, tenants []string) (keyTally, error) {
 	out := make(keyTally, len(tenants))
 	for i, t := range tenants {
-		k, err := r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
+		err := reread(ctx, func() (err error) {
+			out[i], err = r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
+			return err
+		})
 		if err != nil {
 			return nil, fmt.Errorf("error reading the ledger: %w", err)
 		}
-		out[i] = k
 	}
 	return out, nil
+}
+
+// reread runs a ledger read, and again after a short pause when it fails:
+// a read that lost its connection (a store_restart kills sessions) is as
+// safe to repeat as a charge with its key.
+func reread(ctx context.Context, read func() error) error {
+	err := read()
+	for try := 1; err != nil && try < 4; try++ {
+		if serr := lab.Sleep(ctx, time.Duration(try)*50*time.Millisecond); serr != nil {
+			return errors.Join(err, serr)
+		}
+		err = read()
+	}
+	return err
 }
 
 func (k keyTally) charges() (n int) {
@@ -318,8 +335,8 @@ func faultHitsFirstAttempt(spec Spec) bool {
 
 // conclude reads the ground truth and writes the verdict.
 func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before keyTally, rep *Report) error {
-	stats, err := r.Books.RunStats(ctx, rep.RunID)
-	if err != nil {
+	var stats lab.RunStats
+	if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, rep.RunID); return err }); err != nil {
 		return fmt.Errorf("error reading run stats: %w", err)
 	}
 	after, err := r.tally(ctx, spec, tenants)
@@ -332,11 +349,11 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
 	rep.SideEffectsEmitted = stats.OutboxEvents + stats.DirectSends
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
-	if rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); err != nil {
+	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
 		return fmt.Errorf("error reading the balance: %w", err)
 	}
-	ob, err := r.Books.OutboxStats(ctx, lab.NamespaceOf(tenants[0]))
-	if err != nil {
+	var ob lab.OutboxStats
+	if err := reread(ctx, func() (err error) { ob, err = r.Books.OutboxStats(ctx, lab.NamespaceOf(tenants[0])); return err }); err != nil {
 		return fmt.Errorf("error reading the outbox: %w", err)
 	}
 	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered

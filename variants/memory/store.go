@@ -5,6 +5,7 @@ package memory
 import (
 	"cmp"
 	"container/heap"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -27,8 +28,15 @@ type Store struct {
 	mu sync.Mutex
 	// parts holds each namespace's keys apart, so a crash or a restart
 	// one attendee injects forgets their keys and nobody else's.
-	parts  map[lab.Namespace]map[string]*entry
+	parts  map[lab.Namespace]*part
 	expiry expiryHeap // every part's completed entries; stale ones are skipped
+}
+
+// part is one namespace's keys, and the order they were claimed in, so
+// listing the newest costs what is listed, not what is held.
+type part struct {
+	entries map[string]*entry
+	order   list.List // of *entry, oldest claim first
 }
 
 type entry struct {
@@ -42,6 +50,7 @@ type entry struct {
 	inherited   bool          // chargeID came from an unsettled entry: never give it up
 	createdAt   time.Time
 	expiresAt   time.Time
+	elem        *list.Element // in its part's order
 }
 
 // Config configures a memory Store; every field is required.
@@ -60,24 +69,33 @@ func New(cfg Config) (*Store, error) {
 	case cfg.Window <= 0 || cfg.Wait <= 0:
 		return nil, fmt.Errorf("memory: window and wait must be positive (got %s, %s)", cfg.Window, cfg.Wait)
 	}
-	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, parts: map[lab.Namespace]map[string]*entry{}}, nil
+	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, parts: map[lab.Namespace]*part{}}, nil
 }
 
 // getLocked finds the entry of a scope.
 func (s *Store) getLocked(sc lab.Scope) (*entry, bool) {
-	e, ok := s.parts[lab.NamespaceOf(sc.Tenant)][sc.String()]
+	p := s.parts[lab.NamespaceOf(sc.Tenant)]
+	if p == nil {
+		return nil, false
+	}
+	e, ok := p.entries[sc.String()]
 	return e, ok
 }
 
-// putLocked stores e under its scope.
+// putLocked stores e under its scope, in place of any entry it had.
 func (s *Store) putLocked(e *entry) {
 	ns := lab.NamespaceOf(e.scope.Tenant)
-	part := s.parts[ns]
-	if part == nil {
-		part = map[string]*entry{}
-		s.parts[ns] = part
+	p := s.parts[ns]
+	if p == nil {
+		p = &part{entries: map[string]*entry{}}
+		s.parts[ns] = p
 	}
-	part[e.scope.String()] = e
+	k := e.scope.String()
+	if old, ok := p.entries[k]; ok {
+		p.order.Remove(old.elem)
+	}
+	p.entries[k] = e
+	e.elem = p.order.PushBack(e)
 }
 
 // holdsLocked reports whether e is still the entry of its scope (not
@@ -93,8 +111,10 @@ func (s *Store) deleteLocked(e *entry) {
 		return
 	}
 	ns := lab.NamespaceOf(e.scope.Tenant)
-	delete(s.parts[ns], e.scope.String())
-	if len(s.parts[ns]) == 0 {
+	p := s.parts[ns]
+	delete(p.entries, e.scope.String())
+	p.order.Remove(e.elem)
+	if len(p.entries) == 0 {
 		delete(s.parts, ns)
 	}
 }
@@ -226,7 +246,7 @@ func (s *Store) settleLater(e *entry, a lab.Attempt) {
 func (s *Store) crash(ns lab.Namespace) {
 	s.mu.Lock()
 	var inFlight []*entry
-	for _, e := range s.parts[ns] {
+	for _, e := range s.parts[ns].entriesOrNil() {
 		if e.resp == nil && !e.unknown {
 			e.crashed = true
 			inFlight = append(inFlight, e)
@@ -245,7 +265,7 @@ func (s *Store) Restart(_ context.Context, ns lab.Namespace) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if ns == "" {
-		s.parts, s.expiry = map[lab.Namespace]map[string]*entry{}, nil
+		s.parts, s.expiry = map[lab.Namespace]*part{}, nil
 		return nil
 	}
 	delete(s.parts, ns)
@@ -280,8 +300,8 @@ func (s *Store) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
-	for _, part := range s.parts {
-		n += len(part)
+	for _, p := range s.parts {
+		n += len(p.entries)
 	}
 	return n
 }
@@ -300,34 +320,43 @@ func (s *Store) Lookup(_ context.Context, sc lab.Scope) (string, error) {
 	return lab.KeyCompleted, nil
 }
 
-// Keys lists the namespace's newest keys ("" for every namespace).
+// Keys lists the namespace's newest keys ("" for every namespace's). It
+// holds the lock for the keys it lists, never for all the store holds.
 func (s *Store) Keys(_ context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	s.mu.Lock()
-	var entries []*entry
-	for name, part := range s.parts {
-		if ns == "" || name == ns {
-			for _, e := range part {
-				entries = append(entries, e)
-			}
-		}
-	}
+	defer s.mu.Unlock()
 	now := s.now()
-	s.mu.Unlock()
-	slices.SortFunc(entries, func(x, y *entry) int { return y.createdAt.Compare(x.createdAt) })
-	out := make([]lab.KeyState, 0, min(limit, len(entries)))
-	for _, e := range entries[:min(limit, len(entries))] {
-		ks := lab.KeyState{
-			Tenant: e.scope.Tenant, Key: e.scope.Key, State: lab.KeyInFlight, Fingerprint: e.fingerprint,
-			CreatedAt: e.createdAt.UTC(), AgeMS: now.Sub(e.createdAt).Milliseconds(),
+	var out []lab.KeyState
+	total := 0
+	for name, p := range s.parts {
+		if ns != "" && name != ns {
+			continue
 		}
-		s.mu.Lock()
-		if e.resp != nil {
-			ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.resp.Status, e.expiresAt.UTC()
+		total += len(p.entries)
+		for el, n := p.order.Back(), 0; el != nil && n < limit; el, n = el.Prev(), n+1 {
+			e := el.Value.(*entry)
+			ks := lab.KeyState{
+				Tenant: e.scope.Tenant, Key: e.scope.Key, State: lab.KeyInFlight, Fingerprint: e.fingerprint,
+				CreatedAt: e.createdAt.UTC(), AgeMS: now.Sub(e.createdAt).Milliseconds(),
+			}
+			if e.resp != nil {
+				ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.resp.Status, e.expiresAt.UTC()
+			}
+			out = append(out, ks)
 		}
-		s.mu.Unlock()
-		out = append(out, ks)
 	}
-	return out, len(entries), nil
+	// Each part gave its newest in claim order; across parts (the admin's
+	// view) keep the newest overall.
+	slices.SortStableFunc(out, func(x, y lab.KeyState) int { return y.CreatedAt.Compare(x.CreatedAt) })
+	return out[:min(limit, len(out))], total, nil
+}
+
+// entriesOrNil is the part's keys, none for a namespace without a part.
+func (p *part) entriesOrNil() map[string]*entry {
+	if p == nil {
+		return nil
+	}
+	return p.entries
 }
 
 // expiryHeap orders completed entries by expiry.

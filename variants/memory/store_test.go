@@ -265,3 +265,44 @@ func TestUnsettledKeysExpire(t *testing.T) {
 		t.Fatalf("swept %d, %d left", n, s.Len())
 	}
 }
+
+// TestKeysListsTheNewestOfANamespace: the listing walks the namespace's
+// newest claims only, and another namespace's crash takes nothing from it.
+func TestKeysListsTheNewestOfANamespace(t *testing.T) {
+	t.Parallel()
+	c := labtest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	s := newStore(t, memory.Config{Now: c.Now})
+	ctx := context.Background()
+	for i := range 50 {
+		a := attempt(fmt.Sprint("a-", i), 100)
+		if _, err := s.Charge(ctx, a); err != nil {
+			t.Fatal(err)
+		}
+		b := attempt(fmt.Sprint("b-", i), 100)
+		b.Scope.Tenant = "beta"
+		if _, err := s.Charge(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		c.Advance(time.Millisecond)
+	}
+	crash := attempt("b-crash", 100)
+	crash.Scope.Tenant, crash.Faults = "beta", lab.Faults{Point: lab.FaultCrashAfterCharge}
+	if _, err := s.Charge(ctx, crash); !errors.Is(err, lab.ErrCrash) {
+		t.Fatalf("crash: %v", err)
+	}
+	keys, total, err := s.Keys(ctx, "acme", 3)
+	if err != nil || total != 50 || len(keys) != 3 {
+		t.Fatalf("acme: %d keys of %d (%v)", len(keys), total, err)
+	}
+	for i, want := range []string{"a-49", "a-48", "a-47"} {
+		if keys[i].Key != want || keys[i].Tenant != "acme" || keys[i].State != lab.KeyCompleted {
+			t.Fatalf("key %d: %+v, want %s", i, keys[i], want)
+		}
+	}
+	if _, total, _ := s.Keys(ctx, "beta", 10); total != 0 {
+		t.Fatalf("beta holds %d keys after its crash, want none", total)
+	}
+	if _, total, _ := s.Keys(ctx, "", 10); total != 50 {
+		t.Fatalf("every namespace: %d keys, want acme's 50", total)
+	}
+}
