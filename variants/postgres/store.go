@@ -308,7 +308,11 @@ func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
 // Keys lists the newest keys.
 func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	var total int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM idempotency_requests WHERE $1 = '' OR namespace = $1`, string(ns)).Scan(&total); err != nil {
+	// Counted up to maxCounted, so a listing costs what it lists and not
+	// what the table holds; the listing itself walks the (namespace,
+	// created_at) index for limit rows.
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE $1 = '' OR namespace = $1 LIMIT $2) AS k`,
+		string(ns), maxCounted).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, `
@@ -365,6 +369,9 @@ func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error {
 	}
 	return nil
 }
+
+// maxCounted bounds the count of keys a listing reports.
+const maxCounted = 10_000
 
 // sweepBatch bounds each DELETE so the sweeper never holds long locks.
 const sweepBatch = 1000

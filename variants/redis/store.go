@@ -163,6 +163,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
 		}
 		if won {
+			s.listClaim(ctx, a.Scope, k)
 			return s.perform(ctx, k, claim, a, false)
 		}
 		v, err := s.client.Get(ctx, k).Result()
@@ -264,9 +265,14 @@ func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
 
 // scan visits every key of a namespace ("" for all the lab's keys).
 func (s *Store) scan(ctx context.Context, ns lab.Namespace, visit func(keys []string) error) error {
+	return s.scanPattern(ctx, s.pattern(ns), visit)
+}
+
+// scanPattern visits every key matching pattern, in batches.
+func (s *Store) scanPattern(ctx context.Context, pattern string, visit func(keys []string) error) error {
 	var cursor uint64
 	for {
-		keys, next, err := s.client.Scan(ctx, cursor, s.pattern(ns), 500).Result()
+		keys, next, err := s.client.Scan(ctx, cursor, pattern, 500).Result()
 		if err != nil {
 			return fmt.Errorf("error scanning keys: %w", err)
 		}
@@ -281,37 +287,81 @@ func (s *Store) scan(ctx context.Context, ns lab.Namespace, visit func(keys []st
 	}
 }
 
-// Keys lists a namespace's newest keys (scanning its part of the prefix).
+// index is the sorted set listing a namespace's keys by claim time, so
+// /idempotency/state reads the newest few instead of scanning them all.
+func (s *Store) index(ns lab.Namespace) string {
+	return s.prefix + "keys:" + url.QueryEscape(string(ns))
+}
+
+// listClaim adds a won claim's key to its namespace's listing, and drops
+// entries older than the retention window. The listing is advisory: no
+// decision reads it, so a failure here costs only a line in the listing.
+func (s *Store) listClaim(ctx context.Context, sc lab.Scope, k string) {
+	idx, now := s.index(lab.NamespaceOf(sc.Tenant)), s.now().UnixMilli()
+	_, _ = s.client.Pipelined(context.WithoutCancel(ctx), func(p goredis.Pipeliner) error {
+		p.ZAdd(ctx, idx, goredis.Z{Score: float64(now), Member: k})
+		p.ZRemRangeByScore(ctx, idx, "-inf", strconv.FormatInt(now-s.window.Milliseconds(), 10))
+		p.PExpire(ctx, idx, s.window)
+		return nil
+	})
+}
+
+// Keys lists a namespace's newest keys ("" for every namespace's) from its
+// listing: what it costs grows with limit, not with the keys held.
 func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
-	var out []lab.KeyState
-	now := s.now()
-	err := s.scan(ctx, ns, func(keys []string) error {
-		vals, err := s.client.MGet(ctx, keys...).Result()
+	indexes := []string{s.index(ns)}
+	if ns == "" { // the admin's view: every namespace's listing (one key each)
+		indexes = nil
+		err := s.scanPattern(ctx, s.prefix+"keys:*", func(keys []string) error {
+			indexes = append(indexes, keys...)
+			return nil
+		})
 		if err != nil {
-			return fmt.Errorf("error reading keys: %w", err)
+			return nil, 0, fmt.Errorf("error listing namespaces: %w", err)
 		}
+	}
+	var out []lab.KeyState
+	total, now := 0, s.now()
+	for _, idx := range indexes {
+		n, err := s.client.ZCard(ctx, idx).Result()
+		if err != nil {
+			return nil, 0, fmt.Errorf("error counting keys: %w", err)
+		}
+		members, err := s.client.ZRevRange(ctx, idx, 0, int64(limit)-1).Result()
+		if err != nil {
+			return nil, 0, fmt.Errorf("error listing keys: %w", err)
+		}
+		if len(members) == 0 {
+			continue
+		}
+		vals, err := s.client.MGet(ctx, members...).Result()
+		if err != nil {
+			return nil, 0, fmt.Errorf("error reading keys: %w", err)
+		}
+		var gone []any
 		for i, v := range vals {
 			str, ok := v.(string)
-			if !ok {
-				continue
-			}
 			d, err := decode(str)
-			if err != nil {
+			if !ok || err != nil {
+				gone = append(gone, members[i]) // expired or deleted since it was listed
 				continue
 			}
-			parts := strings.SplitN(strings.TrimPrefix(keys[i], s.prefix+"idem:"), "|", 4) // namespace, tenant, endpoint, key
-			ks := lab.KeyState{State: d.state, Fingerprint: d.fingerprint, CreatedAt: d.rec.CreatedAt, AgeMS: now.Sub(d.rec.CreatedAt).Milliseconds()}
+			parts := strings.SplitN(strings.TrimPrefix(members[i], s.prefix+"idem:"), "|", 4) // namespace, tenant, endpoint, key
+			ks := lab.KeyState{State: d.state, Fingerprint: d.fingerprint, Status: d.rec.Status,
+				CreatedAt: d.rec.CreatedAt, AgeMS: now.Sub(d.rec.CreatedAt).Milliseconds()}
 			if len(parts) == 4 {
 				ks.Tenant, _ = url.QueryUnescape(parts[1])
 				ks.Key, _ = url.QueryUnescape(parts[3])
 			}
-			ks.Status = d.rec.Status
 			out = append(out, ks)
 		}
-		return nil
-	})
+		if len(gone) > 0 {
+			_ = s.client.ZRem(ctx, idx, gone...).Err() // advisory, as in listClaim
+		}
+		total += int(n) - len(gone)
+	}
 	slices.SortFunc(out, func(x, y lab.KeyState) int { return y.CreatedAt.Compare(x.CreatedAt) })
-	return out[:min(limit, len(out))], len(out), err
+	return out[:min(limit, len(out))], total, nil
 }
 
 // Reset deletes a namespace's keys ("" for all the lab's keys), and only those.
@@ -324,6 +374,15 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error { return s.de
 func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error { return s.deleteAll(ctx, ns) }
 
 func (s *Store) deleteAll(ctx context.Context, ns lab.Namespace) error {
+	listings := []string{s.index(ns)}
+	if ns == "" {
+		listings = []string{s.prefix + "keys:*"}
+	}
+	for _, pattern := range listings {
+		if err := s.scanPattern(ctx, pattern, func(keys []string) error { return s.client.Unlink(ctx, keys...).Err() }); err != nil {
+			return fmt.Errorf("error deleting key listings: %w", err)
+		}
+	}
 	return s.scan(ctx, ns, func(keys []string) error {
 		if err := s.client.Unlink(ctx, keys...).Err(); err != nil {
 			return fmt.Errorf("error deleting keys: %w", err)

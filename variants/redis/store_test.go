@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -258,6 +259,45 @@ func TestTakeOverNeverGivesUpTheChargeID(t *testing.T) {
 		}
 		if k, _ := books.KeyCharges(bg, "acme", redis.Name, "k-take"); k.Charges != 1 {
 			t.Fatalf("charges %d, want 1", k.Charges)
+		}
+	})
+}
+
+// TestKeysComeFromTheListing: a namespace's keys are listed newest first
+// from its listing, another namespace's are not, and a restart of one
+// namespace leaves the other's listing whole.
+func TestKeysComeFromTheListing(t *testing.T) {
+	t.Parallel()
+	eachServer(t, func(t *testing.T, url string) {
+		books := inmem.NewBooks(time.Now)
+		s := newStore(t, url, books)
+		ctx := context.Background()
+		for i := range 30 {
+			for _, tenant := range []string{"acme", "beta"} {
+				a := attempt(fmt.Sprint("k-", i), 100, lab.Faults{})
+				a.Scope.Tenant = tenant
+				if _, err := s.Charge(ctx, a); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		keys, total, err := s.Keys(ctx, "acme", 5)
+		if err != nil || total != 30 || len(keys) != 5 {
+			t.Fatalf("acme: %d keys of %d (%v)", len(keys), total, err)
+		}
+		for _, k := range keys {
+			if k.Tenant != "acme" || k.State != lab.KeyCompleted {
+				t.Fatalf("acme's listing holds %+v", k)
+			}
+		}
+		if err := s.Restart(ctx, "beta"); err != nil {
+			t.Fatal(err)
+		}
+		if _, total, _ := s.Keys(ctx, "beta", 5); total != 0 {
+			t.Fatalf("beta lists %d keys after its restart", total)
+		}
+		if _, total, _ := s.Keys(ctx, "", 100); total != 30 {
+			t.Fatalf("every namespace: %d keys, want acme's 30", total)
 		}
 	})
 }
