@@ -279,15 +279,15 @@ func (s *Server) postCharge(c echo.Context) error {
 		return err
 	}
 	tenant := who.Tenant
-	keys, hasKey := r.Header[http.CanonicalHeaderKey("Idempotency-Key")]
-	key := ""
-	if hasKey {
-		key = keys[0]
-		if err := lab.ValidateKey(key); err != nil {
-			return err
-		}
-	} else if v, _ := s.deps.Variants.Get(st.Name()); v.RequiresKey {
+	key, hasKey, err := lab.ParseKeyHeader(r.Header.Values(lab.KeyHeader))
+	if err != nil {
+		return err
+	}
+	if v, _ := s.deps.Variants.Get(st.Name()); !hasKey && v.RequiresKey {
 		return errKeyMissing
+	}
+	if hasKey {
+		c.Response().Header().Set(lab.KeyHeader, lab.FormatKeyHeader(key))
 	}
 	var faults lab.Faults
 	if h := r.Header.Get(lab.FaultHeader); h != "" {
