@@ -164,9 +164,10 @@ type Apply struct {
 
 // RunStats are the ground-truth figures of one lab run.
 type RunStats struct {
-	Charges      int // ledger entries created by the run
-	OutboxEvents int // outbox events created by the run
-	DirectSends  int // effects sent directly to the provider by the run
+	Charges      int   // ledger entries created by the run
+	ChargedCents int64 // their sum
+	OutboxEvents int   // outbox events created by the run
+	DirectSends  int   // effects sent directly to the provider by the run
 }
 
 // KeyTally is what the ledger holds for one key.

@@ -241,5 +241,12 @@ func TestInProcessReplicas(t *testing.T) {
 		if n := keyCharges(t, a, "acme", store, key); n != want.charges || rep.Replicas != 3 || rep.Verdict != want.verdict {
 			t.Errorf("%s: ledger holds %d charges over %v replicas (%v), want %d (%s)", store, n, rep.Replicas, rep.Verdict, want.charges, want.verdict)
 		}
+		replicas := map[string]int{}
+		for _, at := range rep.Timeline {
+			replicas[at.Replica]++
+		}
+		if replicas["r1"] != 3 || replicas["r2"] != 3 || replicas["r3"] != 3 {
+			t.Errorf("%s: the timeline names replicas %v, want r1, r2 and r3 three times each", store, replicas)
+		}
 	}
 }

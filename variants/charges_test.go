@@ -310,9 +310,16 @@ func TestLabRoutes(t *testing.T) {
 	if idem.ChargesApplied != 1 || idem.DuplicatesPrevented != 4 || idem.Verdict != lab.Holds {
 		t.Fatalf("idempotent run: %+v", idem)
 	}
+	if idem.ExpectedCharges != 1 || idem.RunChargedCents != 2500 || idem.AccountBalanceCents != idem.BalanceCents {
+		t.Fatalf("idempotent run's figures: expected %d, run charged %d, account %d / %d",
+			idem.ExpectedCharges, idem.RunChargedCents, idem.AccountBalanceCents, idem.BalanceCents)
+	}
 	again := getRun(t, a.URL()+"/charge-idempotent?attempts=5")
 	if again.ChargesApplied != 0 || again.IdempotencyHits != 5 || again.Verdict != lab.Holds {
 		t.Fatalf("repeated run: %+v", again)
+	}
+	if again.ExpectedCharges != 0 || again.RunChargedCents != 0 {
+		t.Fatalf("a run on a charged key should add nothing: expected %d, charged %d cents", again.ExpectedCharges, again.RunChargedCents)
 	}
 	if n := keyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
 		t.Fatalf("ledger: %d memory charges for order-4711, want 1", n)

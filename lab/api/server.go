@@ -127,6 +127,12 @@ func New(cfg Config, deps Deps) *Server {
 			_ = writeProblem(c, s.log, err)
 		}
 	}
+	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc { // who answered, for timelines behind a front
+		return func(c echo.Context) error {
+			c.Response().Header().Set(experiment.ReplicaHeader, cfg.Replica)
+			return next(c)
+		}
+	})
 	e.Use(middleware.Recover()) // re-panics http.ErrAbortHandler, which drops the connection
 	e.Use(limitBodies)
 	// One debug line per request: method, path, status, latency. Never a body.

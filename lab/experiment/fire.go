@@ -13,6 +13,9 @@ import (
 	"time"
 )
 
+// ReplicaHeader names, on every answer of the lab, the replica that gave it.
+const ReplicaHeader = "Lab-Replica"
+
 // Request is one attempt to send.
 type Request struct {
 	URL    string
@@ -22,7 +25,8 @@ type Request struct {
 
 // Try is one HTTP exchange of an attempt.
 type Try struct {
-	Status     int           `json:"status"` // 0 when the connection dropped
+	Status     int           `json:"status"`            // 0 when the connection dropped
+	Replica    string        `json:"replica,omitempty"` // the replica that answered (its Lab-Replica header)
 	Replayed   bool          `json:"replayed"`
 	Code       string        `json:"code,omitempty"`
 	Error      string        `json:"error,omitempty"`
@@ -36,6 +40,7 @@ type Try struct {
 type Result struct {
 	Attempt int    `json:"attempt"`
 	Target  string `json:"target"`
+	Replica string `json:"replica,omitempty"` // the replica of the final answer
 	Tries   []Try  `json:"tries"`
 	start   time.Time
 }
@@ -90,6 +95,9 @@ func attempt(ctx context.Context, client *http.Client, i int, req Request, retry
 	for {
 		t := send(ctx, client, req, released)
 		r.Tries = append(r.Tries, t)
+		if t.Replica != "" {
+			r.Replica = t.Replica
+		}
 		retryable := t.Status == 0 || t.Status == http.StatusConflict && t.Code == "idempotency_in_progress" || t.Status >= 500
 		if !retryable || retry.Until.IsZero() {
 			return r
@@ -136,6 +144,7 @@ func send(ctx context.Context, client *http.Client, req Request, released time.T
 	}
 	t.Status = resp.StatusCode
 	t.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	t.Replica = resp.Header.Get(ReplicaHeader)
 	t.Code = problemCode(t.Body)
 	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
 		t.retryAfter = time.Duration(s) * time.Second / 4 // the lab retries faster than a real client

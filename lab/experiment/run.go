@@ -75,7 +75,7 @@ type Report struct {
 	Attempts            int            `json:"attempts"`
 	Replicas            int            `json:"replicas"`
 	AmountCents         int64          `json:"amount_cents"`
-	ExpectedCharges     int            `json:"expected_charges"`
+	ExpectedCharges     int            `json:"expected_charges"` // what this run should add to the ledger
 	ChargesApplied      int            `json:"charges_applied"`
 	KeyCharges          int            `json:"key_charges"`
 	DuplicatesPrevented int            `json:"duplicates_prevented"`
@@ -84,7 +84,9 @@ type Report struct {
 	Rejections          int            `json:"rejections"`
 	InProgress          int            `json:"in_progress"`
 	Dropped             int            `json:"dropped_connections"`
-	BalanceCents        int64          `json:"balance_cents"`
+	BalanceCents        int64          `json:"balance_cents"`         // the account's balance after the run (the peer lab's field)
+	AccountBalanceCents int64          `json:"account_balance_cents"` // the same, named for what it is: every charge to the account so far
+	RunChargedCents     int64          `json:"run_charged_cents"`     // what this run charged, from the ledger rows it added
 	OverchargedCents    int64          `json:"overcharged_cents"`
 	SideEffectsEmitted  int            `json:"side_effects_emitted"`
 	SideEffectTransport string         `json:"side_effect_transport"`
@@ -143,6 +145,14 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	before, err := r.tally(ctx, spec, tenants)
 	if err != nil {
 		return rep, err
+	}
+	// What this run should add: one charge per tenant whose key is new; a
+	// key already charged should get none.
+	rep.ExpectedCharges = 0
+	for _, k := range before {
+		if k.Charges == 0 {
+			rep.ExpectedCharges++
+		}
 	}
 
 	start := time.Now()
@@ -343,7 +353,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	if err != nil {
 		return err
 	}
-	rep.ChargesApplied = stats.Charges
+	rep.ChargesApplied, rep.RunChargedCents = stats.Charges, stats.ChargedCents
 	rep.KeyCharges = after.charges()
 	rep.DuplicatesApplied = added(before, after)
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
@@ -352,6 +362,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
 		return fmt.Errorf("error reading the balance: %w", err)
 	}
+	rep.AccountBalanceCents = rep.BalanceCents
 	var ob lab.OutboxStats
 	if err := reread(ctx, func() (err error) { ob, err = r.Books.OutboxStats(ctx, lab.NamespaceOf(tenants[0])); return err }); err != nil {
 		return fmt.Errorf("error reading the outbox: %w", err)

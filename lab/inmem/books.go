@@ -131,6 +131,7 @@ func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
 	for _, e := range b.entries {
 		if e.Run == run {
 			s.Charges++
+			s.ChargedCents += e.AmountCents
 		}
 	}
 	for _, ev := range b.events {

@@ -119,9 +119,10 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 	var s lab.RunStats
 	err := b.pool.QueryRow(ctx, `
 		SELECT (SELECT count(*) FROM charges WHERE run_id = $1),
+		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1),
 		       (SELECT count(*) FROM provider_receipts WHERE run_id = $1 AND direct)`, run).
-		Scan(&s.Charges, &s.OutboxEvents, &s.DirectSends)
+		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.DirectSends)
 	if err != nil {
 		return s, fmt.Errorf("error reading run stats: %w", err)
 	}
