@@ -139,7 +139,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	conn, err := s.pool.Acquire(acquireCtx)
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return out, fmt.Errorf("%w: every PostgreSQL connection of this replica stayed busy for %s", lab.ErrStoreUnavailable, s.wait)
+			return out, fmt.Errorf("%w: no PostgreSQL connection of this replica could be had within %s (all busy, or a new one took longer)", lab.ErrStoreUnavailable, s.wait)
 		}
 		return out, fmt.Errorf("error acquiring connection: %w", err)
 	}

@@ -196,16 +196,14 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			}
 			continue
 		}
-		// In flight: poll with backoff until the bounded wait runs out.
-		if time.Now().Add(backoff).After(deadline) {
+		// In flight: poll with backoff until the bounded wait runs out,
+		// looking once more at its very end.
+		left := time.Until(deadline)
+		if left <= 0 {
 			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return lab.Outcome{}, ctx.Err()
+		if err := lab.Sleep(ctx, min(backoff, left)); err != nil {
+			return lab.Outcome{}, err
 		}
 		backoff = min(2*backoff, 100*time.Millisecond)
 	}
