@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -169,3 +170,18 @@ func Sleep(ctx context.Context, d time.Duration) error {
 
 // MarshalJSON renders the faults in header form.
 func (f Faults) MarshalJSON() ([]byte, error) { return []byte(strconv.Quote(f.String())), nil }
+
+// UnmarshalJSON reads the header form MarshalJSON writes, so reports and
+// matrices decode into their types.
+func (f *Faults) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("faults must be a JSON string in Lab-Fault form: %w", err)
+	}
+	parsed, err := ParseFaults(s)
+	if err != nil {
+		return err
+	}
+	*f = parsed
+	return nil
+}

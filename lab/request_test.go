@@ -1,11 +1,13 @@
 package lab_test
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 )
@@ -230,5 +232,19 @@ func TestParseChargeRequestReadErrors(t *testing.T) {
 				t.Fatalf("got %v; want body: …%s…", err, tc.want)
 			}
 		})
+	}
+}
+
+func TestFaultsRoundTripJSON(t *testing.T) {
+	for _, f := range []lab.Faults{{}, {Point: lab.FaultSlow, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond},
+		{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, {Point: lab.FaultStoreRestart}} {
+		b, err := json.Marshal(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back lab.Faults
+		if err := json.Unmarshal(b, &back); err != nil || back != f {
+			t.Fatalf("%s read back as %+v (%v)", b, back, err)
+		}
 	}
 }

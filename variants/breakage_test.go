@@ -86,10 +86,14 @@ func TestRunsAreJudgedByWhatTheyAdd(t *testing.T) {
 	if rep.Verdict != lab.Holds || rep.ChargesApplied != 0 || rep.KeyCharges != 2 || rep.DuplicatesApplied != 0 {
 		t.Fatalf("plain run on a key with two old charges: %v %v/%v: %v", rep.Verdict, rep.ChargesApplied, rep.KeyCharges, rep.Reason)
 	}
+	if !strings.HasPrefix(rep.Explanation, "This key was charged before this run (2 charge(s)") || !strings.Contains(rep.Explanation, "5 replayed") {
+		t.Fatalf("the explanation does not say what the run saw: %q", rep.Explanation)
+	}
 	labRun(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
 	rep = labRun(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
-	if rep.Verdict != lab.Inconclusive || !strings.Contains(rep.Reason, "fresh key") {
-		t.Fatalf("fault run on a completed key: %v: %v", rep.Verdict, rep.Reason)
+	if rep.Verdict != lab.Holds || rep.ChargesApplied != 0 || rep.KeyBefore != lab.KeyCompleted ||
+		!strings.Contains(rep.Explanation, "the run added nothing") {
+		t.Fatalf("fault run on a completed key: %v, %d added, key before %q: %v", rep.Verdict, rep.ChargesApplied, rep.KeyBefore, rep.Explanation)
 	}
 }
 

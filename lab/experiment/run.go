@@ -93,6 +93,7 @@ type Report struct {
 	ReceiptsMissing     int            `json:"receipts_missing"`
 	OutboxPending       int            `json:"outbox_pending"`
 	OutboxDelivered     int            `json:"outbox_delivered"`
+	KeyBefore           string         `json:"key_before"` // what the store held for the key when the run began
 	KeyAfterFault       string         `json:"key_after_fault,omitempty"`
 	LookupOverheadMS    float64        `json:"lookup_overhead_ms"`
 	DedupeWindowMS      int64          `json:"dedupe_window_ms,omitempty"`
@@ -144,6 +145,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	}
 	before, err := r.tally(ctx, spec, tenants)
 	if err != nil {
+		return rep, err
+	}
+	if rep.KeyBefore, err = r.keyState(ctx, targets[0], spec); err != nil {
 		return rep, err
 	}
 	// What this run should add: one charge per tenant whose key is new; a
@@ -399,36 +403,36 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.LookupOverheadMS = median(replayLatencies)
 
 	rep.ExpectedVerdict = r.expected(spec, rep.Replicas)
+	v, _ := r.Variants.Get(spec.Store)
+	ev := evidence{keyless: !v.RequiresKey, prior: before.charges(), added: stats.Charges, keyBefore: rep.KeyBefore, replays: rep.IdempotencyHits,
+		inProgress: rep.InProgress, rejected: rep.Rejections, freshBy: freshByReplica(rep.Timeline)}
 	switch {
 	case len(unanswered) > 0:
 		// Without answers the ledger's count says nothing about the store.
 		rep.Verdict = lab.Inconclusive
 		rep.Reason = fmt.Sprintf("%d attempt(s) got no usable answer (%s); the ledger holds %d charge(s) for this key",
 			len(unanswered), strings.Join(unanswered, "; "), rep.KeyCharges)
-		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
-	case spec.Faults.Point != "" && before.charges() > 0:
-		rep.Verdict = lab.Inconclusive
-		rep.Reason = fmt.Sprintf("the key already had %d charge(s) before the run, so the %s fault had nothing to act on: use a fresh key",
-			before.charges(), spec.Faults.Point)
-		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
+		rep.Explanation = fmt.Sprintf("%s got no answer a client can act on, so the ledger's %d charge(s) for this key cannot be read as the store's doing",
+			strings.Join(unanswered, "; "), rep.KeyCharges)
+	case ev.prior > 0:
+		// A key with history: the run is judged by what it added.
+		rep.Verdict = lab.Holds
+		if rep.DuplicatesApplied > 0 {
+			rep.Verdict = lab.Breaks
+		}
+		rep.Reason = reason(spec, rep)
+		rep.Explanation = ev.onChargedKey()
 	case after.charges() == 0:
 		rep.Verdict = lab.Inconclusive
 		rep.Reason = "no charge was applied at all, so the run shows no duplicate to prevent"
-		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
+		rep.Explanation = fmt.Sprintf("no attempt charged (%s), so there was no duplicate to prevent", ev.answers())
 	default:
-		// A run is judged by what it added to the ledger, not by the key's past.
 		rep.Verdict = lab.Holds
 		if rep.DuplicatesApplied > 0 {
 			rep.Verdict = lab.Breaks
 		}
 		rep.Reason = reason(spec, rep)
 		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
-		if before.charges() > 0 && stats.Charges > 0 {
-			// A store that knew the key would have replayed: whoever served
-			// this run did not (another replica's map behind a front, a
-			// restart, an expired window).
-			rep.Explanation = fmt.Sprintf("this key already had %d charge(s) before the run, yet the run charged again: the replica that served it did not know the key (another replica's map, a restart or an expired window)", before.charges())
-		}
 	}
 	rep.Note = note(rep)
 	return nil

@@ -31,8 +31,8 @@ type Store struct {
 	// at once, so one attendee's slow transactions never starve another's.
 	budget int
 
-	mu     sync.Mutex
-	held   map[lab.Namespace]chan struct{} // per namespace, a token per connection held
+	mu    sync.Mutex
+	held  map[lab.Namespace]chan struct{}  // per namespace, a token per connection held
 	inUse map[lab.Namespace]map[uint32]int // per namespace, the backends serving it now
 }
 
