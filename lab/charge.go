@@ -37,15 +37,28 @@ func NewChargeID() string { return "ch_" + uuid.NewString() }
 
 // NewReceiptEvent builds the receipt effect of a charge.
 func NewReceiptEvent(e Entry) *Event {
-	payload, _ := json.Marshal(map[string]any{
-		"charge_id": e.ChargeID, "account": e.Account,
-		"amount_cents": e.AmountCents, "currency": e.Currency,
-	})
+	payload, _ := json.Marshal(receipt{ChargeID: e.ChargeID, Key: e.Key, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency})
 	return &Event{
 		ID: uuid.NewString(), Type: EventReceiptEmail, ChargeID: e.ChargeID,
 		Tenant: e.Tenant, Run: e.Run, Payload: payload, State: EventPending,
 		NextAttempt: e.CreatedAt, CreatedAt: e.CreatedAt,
 	}
+}
+
+// receipt is the payload of a receipt event.
+type receipt struct {
+	ChargeID    string `json:"charge_id"`
+	Key         string `json:"idempotency_key,omitempty"`
+	Account     string `json:"account"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+}
+
+// Receipt reads the idempotency key and the amount of a receipt event.
+func (e Event) Receipt() (key string, amountCents int64) {
+	var r receipt
+	_ = json.Unmarshal(e.Payload, &r) // written by NewReceiptEvent; an older row just lacks the key
+	return r.Key, r.AmountCents
 }
 
 // ChargeResponse is the 201 the API sends and stores for replay.

@@ -167,6 +167,7 @@ type RunStats struct {
 	Charges      int   // ledger entries created by the run
 	ChargedCents int64 // their sum
 	OutboxEvents int   // outbox events created by the run
+	Delivered    int   // of those, the ones the relay delivered
 	DirectSends  int   // effects sent directly to the provider by the run
 }
 

@@ -94,10 +94,9 @@ func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (e
 	short := rep
 	short.Timeline = nil
 	s.mu.Lock()
-	s.runs = append(s.runs, short)
-	if len(s.runs) > maxRunHistory {
-		s.runs = slices.Delete(s.runs, 0, len(s.runs)-maxRunHistory)
-	}
+	ns := lab.NamespaceOf(rep.Tenant)
+	runs := append(s.runs[ns], short)
+	s.runs[ns] = runs[max(0, len(runs)-maxRunHistory):]
 	s.mu.Unlock()
 	return rep, nil
 }
@@ -263,9 +262,28 @@ func (s *Server) state(c echo.Context) error {
 		}
 		balances[tenant] = b
 	}
+	// The multi-language lab's fields: the keys of one idempotent store (the
+	// default one unless store= names another), and the ledger per account.
+	peerStore := cmp.Or(lab.StoreName(store), s.cfg.DefaultStore)
+	peerKeys := map[string]any{}
+	keyCount := 0
+	if l, ok := s.deps.Stores[peerStore].(lab.KeyLister); ok {
+		keys, total, err := l.Keys(ctx, who.view(), int(limit))
+		if err != nil {
+			return err
+		}
+		keyCount = total
+		for _, k := range keys {
+			expired := !k.ExpiresAt.IsZero() && !s.cfg.Clock().Before(k.ExpiresAt)
+			peerKeys[k.Key] = map[string]any{"age_ms": k.AgeMS, "expired": expired, "has_response": k.State == lab.KeyCompleted, "tenant": k.Tenant}
+		}
+	}
 	return c.JSON(http.StatusOK, map[string]any{
 		"replica": s.cfg.Replica, "namespace": string(who.view()), "stores": stores, "limit": limit,
 		"dedupe_window_ms": s.cfg.Window.Milliseconds(), "account": account, "balance_cents": balances,
+		"keys": peerKeys, "key_count": keyCount, "keys_store": peerStore,
+		"ledger_cents": map[string]int64{account: balances[who.Tenant]},
+		"note":         "keys are kept for the dedupe window and evicted after it: a key that lived forever would be a table that grows forever",
 	})
 }
 
@@ -298,11 +316,38 @@ func (s *Server) outbox(c echo.Context) error {
 	if events == nil {
 		events = []lab.Event{}
 	}
+	// The multi-language lab's rows: the outbox, and what was delivered.
+	rows, delivered := []peerRow{}, []peerRow{}
+	for _, ev := range events {
+		key, amount := ev.Receipt()
+		at := ev.CreatedAt
+		if ev.State == lab.EventDelivered {
+			at = ev.DeliveredAt
+		}
+		row := peerRow{Key: key, Kind: ev.Type, AmountCents: amount, At: at.UTC(), Status: ev.State, Via: "outbox"}
+		rows = append(rows, row)
+		if ev.State == lab.EventDelivered {
+			delivered = append(delivered, row)
+		}
+	}
 	return c.JSON(http.StatusOK, map[string]any{
 		"events": events, "outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
 		"oldest_pending_ms": stats.OldestPendingAge.Milliseconds(), "receipts": unique, "deliveries": deliveries,
 		"duplicate_deliveries": deliveries - unique, "side_effect_transport": "outbox (unsafe sends directly)",
+		"outbox": rows, "delivered": delivered, "limit": limit,
+		"outbox_total": stats.Pending + stats.Delivered + stats.Dead, "delivered_total": unique,
+		"note": "the outbox is written in the charge's transaction; the relay delivers each event at least once and the provider drops duplicates by event id",
 	})
+}
+
+// peerRow is an outbox row as the multi-language lab shows it.
+type peerRow struct {
+	Key         string    `json:"key"`
+	Kind        string    `json:"kind"`
+	AmountCents int64     `json:"amount_cents"`
+	At          time.Time `json:"at"`
+	Status      string    `json:"status"`
+	Via         string    `json:"via"`
 }
 
 func (s *Server) summary(c echo.Context) error {
@@ -321,22 +366,65 @@ func (s *Server) summary(c echo.Context) error {
 	}
 	s.mu.Lock()
 	var runs []experiment.Report
-	for _, r := range s.runs {
-		if who.view().Owns(r.Tenant) {
-			runs = append(runs, r)
+	for ns, rs := range s.runs {
+		if who.view() == "" || ns == who.view() {
+			runs = append(runs, rs...)
 		}
 	}
+	slices.SortStableFunc(runs, func(x, y experiment.Report) int { return x.StartedAt.Compare(y.StartedAt) })
 	s.mu.Unlock()
 	slices.Reverse(runs)
 	if stores == nil {
 		stores = []lab.StoreSummary{}
 	}
+	// The multi-language lab's counters, per kind of variant, summed from
+	// the namespace's runs.
+	variants := map[string]*peerCounters{"unsafe": {}, "idempotent": {}}
+	for _, r := range runs {
+		v := variants[r.Variant]
+		if v == nil {
+			continue
+		}
+		v.Runs++
+		v.Attempts += r.Attempts
+		v.ChargesApplied += r.ChargesApplied
+		v.DuplicatesPrevented += r.DuplicatesPrevented
+		v.DuplicatesApplied += r.DuplicatesApplied
+		v.IdempotencyHits += r.IdempotencyHits
+		v.SideEffectsEmitted += r.SideEffectsEmitted
+		v.OverchargedCents += r.OverchargedCents
+	}
 	return c.JSON(http.StatusOK, map[string]any{
 		"replica": s.cfg.Replica, "namespace": string(who.view()), "ledger": s.deps.Books.Kind(), "stores": stores,
 		"outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
 		"recent_runs": runs[:min(len(runs), 20)],
+		"case":        peerCase, "stack": peerStack, "variants": variants,
+		"interpretation": map[string]string{
+			"unsafe":     "charges_applied = attempts: every retry charged again; overcharged_cents is money the business must refund",
+			"idempotent": "charges_applied = 1 and duplicates_prevented = attempts - 1 on a fresh key, however often the client retries — on the stores that hold in the run's situation",
+			"go_note":    "the stores differ in where the decision lives: a mutex in one heap, SET NX in Redis, a unique index inside the charge's transaction",
+		},
 	})
 }
+
+// peerCounters are the multi-language lab's running counters of one kind
+// of variant.
+type peerCounters struct {
+	Runs                int   `json:"runs"`
+	Attempts            int   `json:"attempts"`
+	ChargesApplied      int   `json:"charges_applied"`
+	DuplicatesPrevented int   `json:"duplicates_prevented"`
+	DuplicatesApplied   int   `json:"duplicates_applied"`
+	IdempotencyHits     int   `json:"idempotency_hits"`
+	SideEffectsEmitted  int   `json:"side_effects_emitted"`
+	OverchargedCents    int64 `json:"overcharged_cents"`
+}
+
+// The multi-language lab's case and stack, for its clients.
+const (
+	peerCase  = "16 - Idempotency and duplicate effects"
+	peerStack = "Go (Echo, PostgreSQL, Redis)"
+)
 
 // Matrix runs every store against every case in id's namespace, each cell
 // a real run.

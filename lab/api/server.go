@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -40,6 +39,7 @@ type Config struct {
 	FaultsEnabled bool          // accept the Lab-Fault header and fault= runs
 	DefaultStore  lab.StoreName // store of POST /charges without ?store=, and of /charge-idempotent
 	Window        time.Duration // dedupe window, reported by the lab routes
+	Clock         lab.Clock
 	Logger        *slog.Logger
 }
 
@@ -101,8 +101,8 @@ type Server struct {
 	echo    *echo.Echo
 
 	mu   sync.Mutex
-	runs []experiment.Report   // recent runs, newest last, bounded
-	slow map[lab.Namespace]int // slow attempts in flight, per namespace
+	runs map[lab.Namespace][]experiment.Report // recent runs per namespace, newest last, bounded
+	slow map[lab.Namespace]int                 // slow attempts in flight, per namespace
 }
 
 // Bounds on what one namespace may hold of a replica with slow faults.
@@ -111,11 +111,14 @@ const (
 	maxSlowWork     = 10 * time.Second // work_ms of one slow attempt
 )
 
+// maxRunHistory bounds each namespace's run history: one attendee's runs
+// never push out another's.
 const maxRunHistory = 100
 
 // New builds the server and its routes.
 func New(cfg Config, deps Deps) *Server {
-	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{}}
+	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{},
+		runs: map[lab.Namespace][]experiment.Report{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, deps.Books)
@@ -347,7 +350,7 @@ func (s *Server) postCharge(c echo.Context) error {
 }
 
 func (s *Server) health(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "replica": s.cfg.Replica})
+	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "replica": s.cfg.Replica, "case": peerCase, "stack": peerStack})
 }
 
 // ready reports each configured dependency.
@@ -498,7 +501,11 @@ func (s *Server) ResetLocal(ctx context.Context, ns lab.Namespace) error {
 		}
 	}
 	s.mu.Lock()
-	s.runs = slices.DeleteFunc(s.runs, func(r experiment.Report) bool { return ns.Owns(r.Tenant) })
+	if ns == "" {
+		clear(s.runs)
+	} else {
+		delete(s.runs, ns)
+	}
 	s.mu.Unlock()
 	return nil
 }
@@ -556,7 +563,8 @@ func (s *Server) resetLab(c echo.Context) error {
 		what = "every namespace: the lab's own idempotency keys, ledger entries, outbox events, receipts and runs"
 	}
 	return c.JSON(http.StatusOK, map[string]any{
-		"reset": true, "status": "ok", "namespace": string(ns),
+		"reset": true, "status": "reset", "namespace": string(ns),
+		"message": "keys, ledger, outbox and runs of " + nsName(ns) + " deleted",
 		"deleted": what + "; nothing else in the configured PostgreSQL or Redis",
 		"ledger":  s.deps.Books.Kind(),
 	})

@@ -223,7 +223,7 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 	}
 	srv := api.New(api.Config{
 		Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
-		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Logger: a.cfg.Logger,
+		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
 		Checks: a.checks, Runner: a.runner, Cluster: a})
 	var lc net.ListenConfig

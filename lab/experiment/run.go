@@ -67,6 +67,7 @@ type Runner struct {
 type Report struct {
 	RunID               string         `json:"run_id"`
 	Store               lab.StoreName  `json:"store"`
+	Variant             string         `json:"variant"` // "idempotent" or "unsafe", as the multi-language lab says
 	Scenario            Scenario       `json:"scenario"`
 	Fault               lab.FaultPoint `json:"fault,omitempty"`
 	Key                 string         `json:"key"`
@@ -132,7 +133,10 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 		RunID: "run_" + uuid.NewString(), Store: spec.Store, Scenario: spec.Scenario, Fault: spec.Faults.Point,
 		Key: spec.Key, Account: spec.Account, Tenant: tenant, Attempts: spec.Attempts, Replicas: len(targets),
 		AmountCents: spec.AmountCents, ExpectedCharges: 1, StartedAt: r.Now().UTC(),
-		SideEffectTransport: v.Effects, DedupeWindowMS: spec.Faults.Retention.Milliseconds(),
+		SideEffectTransport: v.Effects, DedupeWindowMS: spec.Faults.Retention.Milliseconds(), Variant: "idempotent",
+	}
+	if !v.RequiresKey {
+		rep.Variant = "unsafe"
 	}
 	tenants := []string{tenant}
 	if spec.Scenario == ScenarioTenants {
@@ -296,6 +300,28 @@ func (r *Runner) tally(ctx context.Context, spec Spec, tenants []string) (keyTal
 	return out, nil
 }
 
+// deliveryWait bounds how long a run waits for the relay to deliver the
+// events it wrote, so outbox_delivered counts them as the peer lab's does.
+const deliveryWait = time.Second
+
+// awaitDelivery reads the run's figures once its outbox events are
+// delivered, or when deliveryWait is over.
+func (r *Runner) awaitDelivery(ctx context.Context, run string) (lab.RunStats, error) {
+	deadline := time.Now().Add(deliveryWait)
+	for {
+		var stats lab.RunStats
+		if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, run); return err }); err != nil {
+			return stats, err
+		}
+		if stats.Delivered >= stats.OutboxEvents || time.Now().After(deadline) {
+			return stats, nil
+		}
+		if err := lab.Sleep(ctx, 20*time.Millisecond); err != nil {
+			return stats, err
+		}
+	}
+}
+
 // reread runs a ledger read, and again after a short pause when it fails:
 // a read that lost its connection (a store_restart kills sessions) is as
 // safe to repeat as a charge with its key.
@@ -349,8 +375,8 @@ func faultHitsFirstAttempt(spec Spec) bool {
 
 // conclude reads the ground truth and writes the verdict.
 func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before keyTally, rep *Report) error {
-	var stats lab.RunStats
-	if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, rep.RunID); return err }); err != nil {
+	stats, err := r.awaitDelivery(ctx, rep.RunID)
+	if err != nil {
 		return fmt.Errorf("error reading run stats: %w", err)
 	}
 	after, err := r.tally(ctx, spec, tenants)

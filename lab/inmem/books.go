@@ -137,6 +137,9 @@ func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
 	for _, ev := range b.events {
 		if ev.Run == run {
 			s.OutboxEvents++
+			if ev.State == lab.EventDelivered {
+				s.Delivered++
+			}
 		}
 	}
 	for _, r := range b.receipts {

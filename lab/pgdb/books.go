@@ -121,8 +121,9 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 		SELECT (SELECT count(*) FROM charges WHERE run_id = $1),
 		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1),
+		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'delivered'),
 		       (SELECT count(*) FROM provider_receipts WHERE run_id = $1 AND direct)`, run).
-		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.DirectSends)
+		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.Delivered, &s.DirectSends)
 	if err != nil {
 		return s, fmt.Errorf("error reading run stats: %w", err)
 	}
