@@ -8,6 +8,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -17,6 +19,7 @@ import (
 
 // Defaults of the lab routes, as attendees know them.
 const (
+	freshKey        = "fresh" // key=fresh: a new key for this run
 	defaultKey      = "order-4711"
 	defaultAccount  = "acct-1"
 	defaultAttempts = 5
@@ -109,6 +112,9 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	spec := experiment.Spec{Store: store, Tenant: id.Tenant, Token: id.Token}
 	if spec.Key, err = q.Text("key", defaultKey, lab.MaxKeyBytes); err != nil {
 		return spec, 0, err
+	}
+	if spec.Key == freshKey { // the lab picks a key never used, and the report names it
+		spec.Key = "fresh-" + uuid.NewString()[:8]
 	}
 	if spec.Account, err = q.Text("account", defaultAccount, lab.MaxAccountBytes); err != nil {
 		return spec, 0, err
