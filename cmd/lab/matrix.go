@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -36,9 +38,10 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	level := m.LogLevel
 	if level == "info" {
-		level = "warn" // the progress bar is the output here
+		level = "warn" // the progress is the output here
 	}
-	log, err := newLogger(stderr, level)
+	bar := &progressLine{w: stderr, tty: isTerminal(stderr)}
+	log, err := newLogger(bar, level) // log lines never land inside the bar
 	if err != nil {
 		return err
 	}
@@ -55,9 +58,9 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		_ = a.Close(sctx)
 	}()
 	mx, err := a.Server().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, store lab.StoreName) {
-		progress(stderr, done, total, c.Name+" / "+string(store))
+		bar.show(done, total, c.Name+" / "+string(store))
 	})
-	fmt.Fprintln(stderr)
+	bar.end()
 	if err != nil {
 		return err
 	}
@@ -70,11 +73,58 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return mx.WriteTable(stdout)
 }
 
-// progress draws a one-line bar on stderr.
-func progress(w io.Writer, done, total int, label string) {
+// progressLine shows the matrix's progress: a bar redrawn in place on a
+// terminal, one plain line per run otherwise. Log lines written through it
+// start on a line of their own.
+type progressLine struct {
+	mu    sync.Mutex
+	w     io.Writer
+	tty   bool
+	drawn bool // the bar is on the screen, without a newline after it
+}
+
+func (p *progressLine) show(done, total int, label string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.tty {
+		fmt.Fprintf(p.w, "matrix: %d/%d %s\n", done, total, label)
+		return
+	}
 	const width = 30
 	filled := done * width / total
-	fmt.Fprintf(w, "\r[%s%s] %2d/%d %-40.40s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total, label)
+	fmt.Fprintf(p.w, "\r[%s%s] %2d/%d %-40.40s", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total, label)
+	p.drawn = true
+}
+
+// Write writes a log line below the bar.
+func (p *progressLine) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
+	}
+	return p.w.Write(b)
+}
+
+// end leaves the bar's line.
+func (p *progressLine) end() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.drawn {
+		fmt.Fprintln(p.w)
+		p.drawn = false
+	}
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
 func remoteMatrix(ctx context.Context, base, format string, stdout io.Writer) error {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -74,7 +75,7 @@ func runProxy(ctx context.Context, args []string, stderr io.Writer) error {
 func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("lab health", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	u := fs.String("url", "http://127.0.0.1:8616/health", "URL that must answer 200")
+	u := fs.String("url", healthURL(os.Getenv("LAB_ADDR"), os.Getenv("LAB_BASE_PATH")), "URL that must answer 200 (default from LAB_ADDR and LAB_BASE_PATH)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -93,4 +94,17 @@ func runHealth(ctx context.Context, args []string, stderr io.Writer) error {
 		return fmt.Errorf("unhealthy: %s answered %d", *u, resp.StatusCode)
 	}
 	return nil
+}
+
+// healthURL is the lab's /health on the address it listens on (LAB_ADDR),
+// reached on loopback when it listens on every interface.
+func healthURL(addr, basePath string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		host, port = "127.0.0.1", "8616"
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + strings.TrimSuffix(basePath, "/") + "/health"
 }

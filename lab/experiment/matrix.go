@@ -181,8 +181,37 @@ func (m Matrix) WriteMarkdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
+	b.WriteString(m.notRun())
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// notRun says, below a table, how to enable each store whose cells say n/a.
+func (m Matrix) notRun() string {
+	var b strings.Builder
+	seen := map[lab.StoreName]bool{}
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if !c.Available && !seen[c.Store] {
+				seen[c.Store] = true
+				fmt.Fprintf(&b, "\nn/a: `%s` did not run here: %s\n", c.Store, c.HowToEnable)
+			}
+		}
+	}
+	return b.String()
+}
+
+// runs counts the cells that really ran.
+func (m Matrix) runs() int {
+	n := 0
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if c.Available {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 func expectedCharges(row Row) int {
@@ -219,7 +248,8 @@ func (m Matrix) WriteTable(w io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(&b, "\n%d runs in %s\n", len(m.Rows)*len(m.Stores), m.took.Round(time.Millisecond))
+	b.WriteString(m.notRun())
+	fmt.Fprintf(&b, "\n%d runs in %s\n", m.runs(), m.took.Round(time.Millisecond))
 	_, err := io.WriteString(w, b.String())
 	return err
 }

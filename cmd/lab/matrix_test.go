@@ -1,0 +1,44 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestMatrixOutputOffATerminal runs `lab matrix` with its output going to
+// buffers, as in CI or a pipe: plain progress lines (no carriage returns),
+// and n/a cells that say how to enable their store.
+func TestMatrixOutputOffATerminal(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	args := []string{"matrix", "-format", "table", "-embedded-postgres", "off", "-embedded-redis", "off"}
+	t.Setenv("DATABASE_URL", "")
+	t.Setenv("REDIS_URL", "")
+	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("lab matrix: %v\n%s", err, stderr.String())
+	}
+	if strings.Contains(stderr.String(), "\r") || !strings.Contains(stderr.String(), "matrix: 1/48 retries / unsafe\n") {
+		t.Fatalf("progress off a terminal:\n%q", stderr.String())
+	}
+	out := stdout.String()
+	for _, want := range []string{"n/a: `redis` did not run here: set REDIS_URL", "n/a: `postgres` did not run here: set DATABASE_URL", "\n24 runs in "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestHealthURL(t *testing.T) {
+	for _, tc := range []struct{ addr, base, want string }{
+		{"", "", "http://127.0.0.1:8616/health"},
+		{"127.0.0.1:9000", "", "http://127.0.0.1:9000/health"},
+		{"0.0.0.0:8701", "/16/", "http://127.0.0.1:8701/16/health"},
+		{":8702", "", "http://127.0.0.1:8702/health"},
+		{"[::1]:8703", "", "http://[::1]:8703/health"},
+	} {
+		if got := healthURL(tc.addr, tc.base); got != tc.want {
+			t.Errorf("healthURL(%q, %q) = %q, want %q", tc.addr, tc.base, got, tc.want)
+		}
+	}
+}
