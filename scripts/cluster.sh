@@ -6,7 +6,8 @@
 #                               breakage matrix, stop everything
 #   scripts/cluster.sh --keep   the same, then keep the cluster running until
 #                               Ctrl-C (point scripts/walkthrough.sh or curl
-#                               at the front)
+#                               at the front), and leave its schema and Redis
+#                               keys behind for a look
 #
 # Environment (defaults in brackets):
 #   CLUSTER_PORTS     the three replicas' loopback ports [8701 8702 8703]
@@ -20,7 +21,8 @@
 #   LAB_ADMIN_TOKEN   sent to /reset-lab when set (and required by the replicas)
 #   CLUSTER_WAIT      seconds to wait for the cluster to answer [60]
 #
-# It touches only its schema and its Redis prefix. Every process it starts is
+# It touches only its schema and its Redis prefix, and drops both on exit
+# (psql and redis-cli, when installed; --keep keeps them). Every process it starts is
 # stopped on exit, on error and on Ctrl-C / SIGTERM; their logs are in a temp
 # directory, shown (tail) when something fails.
 set -euo pipefail
@@ -113,6 +115,7 @@ stop_all() {
 		done
 	fi
 	rm -rf "$tmp"
+	((keep)) || drop_data
 	alive=()
 	for pid in "${pids[@]}"; do
 		kill -0 "$pid" 2>/dev/null && alive+=("$pid")
@@ -123,6 +126,22 @@ stop_all() {
 	fi
 	((${#pids[@]} > 0)) && echo "cluster stopped: ${#pids[@]} processes (${pids[*]}) are gone"
 	exit "$rc"
+}
+# drop_data deletes the cluster's own schema and Redis keys, and nothing else.
+drop_data() {
+	[[ -n ${pg_schema:-} ]] || return 0
+	if command -v psql >/dev/null; then
+		psql -q "$database_url" -c "DROP SCHEMA IF EXISTS \"$pg_schema\" CASCADE" >/dev/null 2>&1 &&
+			echo "dropped schema $pg_schema" || echo "cluster.sh: could not drop schema $pg_schema" >&2
+	else
+		echo "cluster.sh: psql is not installed: schema $pg_schema stays" >&2
+	fi
+	if command -v redis-cli >/dev/null; then
+		redis-cli -u "$redis_url" --scan --pattern "${redis_prefix}*" | xargs -r redis-cli -u "$redis_url" unlink >/dev/null &&
+			echo "deleted the Redis keys under $redis_prefix" || echo "cluster.sh: could not delete the keys under $redis_prefix" >&2
+	else
+		echo "cluster.sh: redis-cli is not installed: keys under $redis_prefix stay" >&2
+	fi
 }
 stopping=0 # set by Ctrl-C / SIGTERM: a requested stop, not a failure
 holding=0  # set while --keep holds the cluster

@@ -155,7 +155,8 @@ func TestClusterScript(t *testing.T) {
 			t.Errorf("%s: attempts, replicas, charges, verdict = %v; want 9 3 %s %s", want.store, got, want.charges, want.verdict)
 		}
 	}
-	for _, want := range []string{"9 concurrent retries over 3 replicas", "cluster stopped: 4 processes"} {
+	for _, want := range []string{"9 concurrent retries over 3 replicas", "cluster stopped: 4 processes",
+		"dropped schema " + schema, "deleted the Redis keys under " + prefix} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
 		}
