@@ -327,7 +327,7 @@ func TestLabRoutes(t *testing.T) {
 	for _, q := range []struct{ query, param string }{
 		{"attempts=0", "attempts"}, {"attempts=65", "attempts"}, {"amount=abc", "amount"}, {"amount=-5", "amount"},
 		{"amount=10000001", "amount"}, {"key=" + strings.Repeat("x", 256), "key"}, {"store=nope", "store"},
-		{"replicas=9", "replicas"}, {"fault=meteor", "fault"},
+		{"replicas=9", "replicas"}, {"fault=meteor", "fault"}, {"key=", "key"}, {"attempts=%2B5", "attempts"}, {"account=%00", "account"},
 	} {
 		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?"+q.query, nil, "")
 		p := labtest.Decode[lab.Problem](t, r)
