@@ -325,7 +325,7 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 		if err != nil {
 			return nil, 0, fmt.Errorf("error counting keys: %w", err)
 		}
-		members, err := s.client.ZRevRange(ctx, idx, 0, int64(limit)-1).Result()
+		members, err := s.client.ZRangeArgs(ctx, goredis.ZRangeArgs{Key: idx, Start: 0, Stop: limit - 1, Rev: true}).Result()
 		if err != nil {
 			return nil, 0, fmt.Errorf("error listing keys: %w", err)
 		}
