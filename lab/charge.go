@@ -35,6 +35,10 @@ func NewEntry(a Attempt, now time.Time) Entry {
 // NewChargeID returns a fresh charge id.
 func NewChargeID() string { return "ch_" + uuid.NewString() }
 
+// NewClaimToken names one relay claim: random, so no worker can guess
+// another's.
+func NewClaimToken() string { return uuid.NewString() }
+
 // NewReceiptEvent builds the receipt effect of a charge.
 func NewReceiptEvent(e Entry) *Event {
 	payload, _ := json.Marshal(receipt{ChargeID: e.ChargeID, Key: e.Key, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency})

@@ -140,8 +140,13 @@ type Event struct {
 	Attempts    int       `json:"attempts"`
 	NextAttempt time.Time `json:"next_attempt_at"`
 	LastError   string    `json:"last_error,omitempty"`
-	CreatedAt   time.Time `json:"created_at"`
-	DeliveredAt time.Time `json:"delivered_at,omitzero"`
+	// ClaimToken names the relay worker's claim that leased the event last;
+	// only that claim may complete it (the fence).
+	ClaimToken string `json:"claim_token,omitempty"`
+	// LeaseExpires is when that claim's lease ends, zero when none holds it.
+	LeaseExpires time.Time `json:"lease_expires_at,omitzero"`
+	CreatedAt    time.Time `json:"created_at"`
+	DeliveredAt  time.Time `json:"delivered_at,omitzero"`
 }
 
 // Outbox event states.
@@ -292,6 +297,17 @@ var (
 	ErrOutcomeUnknown = errors.New("the charge's outcome is unknown")
 	// ErrOutboxWrite is the injected outbox failure.
 	ErrOutboxWrite = errors.New("injected failure writing the outbox event")
+	// ErrFenced refuses a relay worker's completion of an event it no longer
+	// holds: its claim was superseded (the lease expired and another worker
+	// claimed the event), or the event was delivered, given up or re-queued.
+	ErrFenced = errors.New("outbox event claimed by another worker: completion refused")
+	// ErrEventNotFound is an outbox event that does not exist, or that
+	// belongs to another namespace.
+	ErrEventNotFound = errors.New("outbox event not found")
+	// ErrEventDelivered refuses to re-queue an event already delivered.
+	ErrEventDelivered = errors.New("outbox event already delivered")
+	// ErrEventInFlight refuses to re-queue an event a relay worker holds.
+	ErrEventInFlight = errors.New("outbox event is being delivered")
 )
 
 // OrderConflictError reports a charge for an order that was already charged.

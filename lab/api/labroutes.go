@@ -3,9 +3,11 @@ package api
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -344,6 +346,32 @@ func (s *Server) outbox(c echo.Context) error {
 		"outbox_total": stats.Pending + stats.Delivered + stats.Dead, "delivered_total": unique,
 		"note": "the outbox is written in the charge's transaction; the relay delivers each event at least once and the provider drops duplicates by event id",
 	})
+}
+
+// retryEvent is POST /outbox/{id}/retry: a dead or failed event of the
+// caller's namespace (any, for the admin) goes back to pending, due now.
+func (s *Server) retryEvent(c echo.Context) error {
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	id := c.Param("id")
+	ev, err := s.deps.Books.Requeue(c.Request().Context(), who.view(), id)
+	switch {
+	case errors.Is(err, lab.ErrEventNotFound):
+		return problem(http.StatusNotFound, "event_not_found", "Event not found",
+			"no outbox event "+strconv.Quote(id)+" in namespace "+nsName(who.view()))
+	case errors.Is(err, lab.ErrEventDelivered):
+		return problem(http.StatusConflict, "event_delivered", "Event already delivered",
+			"outbox event "+strconv.Quote(id)+" was delivered; there is nothing to retry")
+	case errors.Is(err, lab.ErrEventInFlight):
+		return problem(http.StatusConflict, "event_in_flight", "Event being delivered",
+			"a relay worker holds outbox event "+strconv.Quote(id)+"; it is retried when its lease ends")
+	case err != nil:
+		return err
+	}
+	s.log.InfoContext(c.Request().Context(), "outbox event re-queued", "event_id", ev.ID, "asked_by", nsName(who.view()))
+	return c.JSON(http.StatusOK, map[string]any{"requeued": ev, "replica": s.cfg.Replica})
 }
 
 // peerRow is an outbox row as the multi-language lab shows it.

@@ -5,7 +5,6 @@ package api
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -51,6 +50,10 @@ type Books interface {
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 	Receipts(ctx context.Context, ns lab.Namespace, run string) (unique, deliveries int, err error)
+	// Requeue puts a namespace's dead or failed outbox event back to
+	// pending, due now with its attempts reset. It fails with
+	// lab.ErrEventNotFound, lab.ErrEventDelivered or lab.ErrEventInFlight.
+	Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error)
 	// Reset deletes the namespace's rows of the lab's own tables, and nothing else.
 	Reset(ctx context.Context, ns lab.Namespace) error
 	Kind() string
@@ -158,6 +161,7 @@ func New(cfg Config, deps Deps) *Server {
 	g.Match(any, "/charge-idempotent", s.chargeIdempotent)
 	g.GET("/idempotency/state", s.state)
 	g.GET("/outbox", s.outbox)
+	g.POST("/outbox/:id/retry", s.retryEvent)
 	g.GET("/diagnostics/summary", s.summary)
 	g.Match(any, "/reset-lab", s.resetLab)
 	g.POST("/lab/restart-store", s.restartStore)
@@ -395,6 +399,7 @@ func (s *Server) index(c echo.Context) error {
 			"GET " + base + "/charge-idempotent?store=" + string(s.cfg.DefaultStore) + "&key=order-4711&attempts=5&amount=2500&replicas=1&fault=none",
 			"GET " + base + "/idempotency/state?limit=20",
 			"GET " + base + "/outbox?limit=20",
+			"POST " + base + "/outbox/{event_id}/retry",
 			"GET " + base + "/diagnostics/summary",
 			"POST " + base + "/reset-lab",
 			"GET " + base + "/lab/matrix?format=json|markdown|table",
@@ -449,18 +454,6 @@ func (s *Server) variantIndex() []VariantIndex {
 		out = append(out, vi)
 	}
 	return out
-}
-
-func (s *Server) requireAdmin(c echo.Context) error {
-	if s.cfg.AdminToken == "" {
-		return nil
-	}
-	// Only as a bearer token: never in a URL, where logs and history keep it.
-	token, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AdminToken)) != 1 {
-		return errAdmin
-	}
-	return nil
 }
 
 func (s *Server) requireFaults() error {
@@ -526,16 +519,23 @@ func (s *Server) scope(q lab.Query, who caller) (lab.Namespace, error) {
 	return "", nil
 }
 
-func (s *Server) resetLab(c echo.Context) error {
+// scoped reads who asks, the query, and which namespace an action that
+// forgets state (a reset, a restart) may reach.
+func (s *Server) scoped(c echo.Context) (caller, lab.Query, lab.Namespace, error) {
 	who, err := s.who(c.Request(), true)
 	if err != nil {
-		return err
+		return caller{}, lab.Query{}, "", err
 	}
 	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
-		return err
+		return caller{}, lab.Query{}, "", err
 	}
 	ns, err := s.scope(q, who)
+	return who, q, ns, err
+}
+
+func (s *Server) resetLab(c echo.Context) error {
+	who, q, ns, err := s.scoped(c)
 	if err != nil {
 		return err
 	}
@@ -582,15 +582,7 @@ func (s *Server) restartStore(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	who, err := s.who(c.Request(), true)
-	if err != nil {
-		return err
-	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
-	if err != nil {
-		return err
-	}
-	ns, err := s.scope(q, who)
+	who, q, ns, err := s.scoped(c)
 	if err != nil {
 		return err
 	}
@@ -614,17 +606,11 @@ func (s *Server) restartStore(c echo.Context) error {
 // join gives an attendee a namespace of their own: POST /lab/join, with
 // the workshop's code as {"code": "…"} when the instructor set one.
 func (s *Server) join(c echo.Context) error {
-	var body struct {
-		Code string `json:"code"`
+	code, err := lab.ParseJoinRequest(c.Request().Body)
+	if err != nil {
+		return err
 	}
-	if c.Request().ContentLength != 0 {
-		dec := json.NewDecoder(c.Request().Body)
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&body); err != nil {
-			return lab.Invalid("body", "must be {\"code\": \"…\"} or empty")
-		}
-	}
-	id, err := s.deps.Directory.Join(c.Request().Context(), body.Code)
+	id, err := s.deps.Directory.Join(c.Request().Context(), code)
 	if errors.Is(err, tenants.ErrJoinClosed) {
 		return problem(http.StatusForbidden, "join_closed", "Join closed", err.Error())
 	}

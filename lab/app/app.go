@@ -127,8 +127,11 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			a.public = tenants.Identity{Tenant: tenant, Namespace: lab.Namespace(tenant), Token: token}
 		}
 	}
-	rcfg := relay.Defaults()
-	rcfg.Outbox, rcfg.Provider, rcfg.Clock, rcfg.Logger = a.books, a.books, cfg.Clock, cfg.Logger
+	var provider relay.Provider = a.books // the simulated provider
+	if cfg.Provider != nil {
+		provider = cfg.Provider
+	}
+	rcfg := relay.Config{Outbox: a.books, Provider: provider, Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay}
 	rl, err := relay.New(rcfg)
 	if err != nil {
 		a.closeAll()

@@ -11,6 +11,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
 
@@ -90,6 +91,12 @@ type Config struct {
 	// Variants are the designs the lab offers, in presentation order. The
 	// command passes every built-in one (variants.Builtin).
 	Variants []variant.Variant
+	// Relay tunes the outbox relay: its workers, lease, batch, attempts and
+	// backoff. Default relay.Defaults().
+	Relay relay.Settings
+	// Provider receives what the relay delivers. Default none: the lab's
+	// simulated provider, which records receipts in the books.
+	Provider relay.Provider
 	// Clock tells the time to every service. Default time.Now.
 	Clock lab.Clock
 	// Logger receives the lab's logs. Default: discarded.
@@ -119,6 +126,7 @@ func DefaultConfig() Config {
 		EmbedPostgres: true,
 		RedisPrefix:   "idempotency-lab:",
 		EmbedRedis:    true,
+		Relay:         relay.Defaults().Settings,
 		Clock:         time.Now,
 		Logger:        slog.New(slog.DiscardHandler),
 	}
@@ -196,6 +204,9 @@ func (c Config) Validate() error {
 	}
 	if c.Clock == nil || c.Logger == nil {
 		bad("clock and logger are required")
+	}
+	if err := c.Relay.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	known := false
 	for _, v := range c.Variants {

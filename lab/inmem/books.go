@@ -5,6 +5,7 @@ package inmem
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -220,8 +221,10 @@ func (b *Books) KeyCharges(_ context.Context, tenant string, store lab.StoreName
 	return k, nil
 }
 
-// ClaimDue leases due pending events, oldest first.
+// ClaimDue leases due pending events, oldest first, to one claim: each
+// gets the claim's token, a lease and one more attempt.
 func (b *Books) ClaimDue(_ context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
+	token := lab.NewClaimToken()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := b.now()
@@ -233,36 +236,76 @@ func (b *Books) ClaimDue(_ context.Context, limit int, lease time.Duration) ([]l
 		if ev.State == lab.EventPending && !ev.NextAttempt.After(now) {
 			ev.Attempts++
 			ev.NextAttempt = now.Add(lease)
+			ev.LeaseExpires = ev.NextAttempt
+			ev.ClaimToken = token
 			out = append(out, *ev)
 		}
 	}
 	return out, nil
 }
 
-// MarkDelivered records a successful delivery.
-func (b *Books) MarkDelivered(_ context.Context, id string) error {
+// held finds the pending event the claim token still holds, or refuses.
+func (b *Books) held(id, token string) (*lab.Event, error) {
+	ev := b.byID[id]
+	if ev == nil || ev.State != lab.EventPending || token == "" || ev.ClaimToken != token {
+		return nil, fmt.Errorf("event %s: %w", id, lab.ErrFenced)
+	}
+	return ev, nil
+}
+
+// MarkDelivered records a successful delivery, if the claim still holds
+// the event; otherwise it changes nothing and returns lab.ErrFenced.
+func (b *Books) MarkDelivered(_ context.Context, id, token string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if ev := b.byID[id]; ev != nil {
-		ev.State = lab.EventDelivered
-		ev.DeliveredAt = b.now().UTC()
-		ev.LastError = ""
+	ev, err := b.held(id, token)
+	if err != nil {
+		return err
+	}
+	ev.State = lab.EventDelivered
+	ev.DeliveredAt = b.now().UTC()
+	ev.LastError = ""
+	ev.ClaimToken, ev.LeaseExpires = "", time.Time{}
+	return nil
+}
+
+// MarkFailed schedules another try, or gives up, if the claim still holds
+// the event; otherwise it changes nothing and returns lab.ErrFenced.
+func (b *Books) MarkFailed(_ context.Context, id, token string, next time.Time, dead bool, reason string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ev, err := b.held(id, token)
+	if err != nil {
+		return err
+	}
+	ev.NextAttempt = next
+	ev.LastError = reason
+	ev.ClaimToken, ev.LeaseExpires = "", time.Time{}
+	if dead {
+		ev.State = lab.EventDead
 	}
 	return nil
 }
 
-// MarkFailed schedules another try, or gives up.
-func (b *Books) MarkFailed(_ context.Context, id string, next time.Time, dead bool, reason string) error {
+// Requeue puts a namespace's dead or failed event back to pending, due now
+// with its attempts reset ("" for every namespace). A worker that still
+// holds an old claim on it is fenced out.
+func (b *Books) Requeue(_ context.Context, ns lab.Namespace, id string) (lab.Event, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if ev := b.byID[id]; ev != nil {
-		ev.NextAttempt = next
-		ev.LastError = reason
-		if dead {
-			ev.State = lab.EventDead
-		}
+	now := b.now()
+	ev := b.byID[id]
+	switch {
+	case ev == nil || !ns.Owns(ev.Tenant):
+		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventNotFound)
+	case ev.State == lab.EventDelivered:
+		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventDelivered)
+	case ev.State == lab.EventPending && ev.LeaseExpires.After(now):
+		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventInFlight)
 	}
-	return nil
+	ev.State, ev.Attempts, ev.NextAttempt = lab.EventPending, 0, now
+	ev.ClaimToken, ev.LeaseExpires = "", time.Time{}
+	return *ev, nil
 }
 
 // Events lists at most limit of a namespace's events, newest first.

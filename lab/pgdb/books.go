@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -184,50 +185,120 @@ func (b *Books) KeyCharges(ctx context.Context, tenant string, store lab.StoreNa
 }
 
 const eventColumns = `event_id::text, event_type, charge_id, tenant_id, run_id, payload::text, state, attempts,
-	next_attempt_at, coalesce(last_error, ''), created_at, coalesce(delivered_at, 'epoch'::timestamptz)`
+	next_attempt_at, coalesce(last_error, ''), created_at, coalesce(delivered_at, 'epoch'::timestamptz),
+	coalesce(claim_token::text, ''), coalesce(lease_expires_at, 'epoch'::timestamptz)`
 
 func scanEvent(row pgx.CollectableRow) (lab.Event, error) {
 	var e lab.Event
 	var payload string
 	err := row.Scan(&e.ID, &e.Type, &e.ChargeID, &e.Tenant, &e.Run, &payload, &e.State, &e.Attempts,
-		&e.NextAttempt, &e.LastError, &e.CreatedAt, &e.DeliveredAt)
+		&e.NextAttempt, &e.LastError, &e.CreatedAt, &e.DeliveredAt, &e.ClaimToken, &e.LeaseExpires)
 	e.Payload = []byte(payload)
 	if e.DeliveredAt.Unix() == 0 {
 		e.DeliveredAt = time.Time{}
 	}
+	if e.LeaseExpires.Unix() == 0 {
+		e.LeaseExpires = time.Time{}
+	}
 	return e, err
 }
 
-// ClaimDue leases due events; SKIP LOCKED lets several relays share the work.
+// ClaimDue leases due events to one claim in one short statement: each gets
+// the claim's random token, a lease and one more attempt. SKIP LOCKED lets
+// several workers and replicas share the work without waiting on each other.
 func (b *Books) ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
 	rows, err := b.pool.Query(ctx, `
-		UPDATE outbox SET attempts = attempts + 1, next_attempt_at = $3::timestamptz + make_interval(secs => $2)
+		UPDATE outbox SET attempts = attempts + 1, claim_token = $4::uuid,
+		       lease_expires_at = $3::timestamptz + make_interval(secs => $2),
+		       next_attempt_at = $3::timestamptz + make_interval(secs => $2)
 		WHERE event_id IN (
 			SELECT event_id FROM outbox WHERE state = 'pending' AND next_attempt_at <= $3
 			ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
-		RETURNING `+eventColumns, limit, lease.Seconds(), b.now())
+		RETURNING `+eventColumns, limit, lease.Seconds(), b.now(), lab.NewClaimToken())
 	if err != nil {
 		return nil, fmt.Errorf("error claiming events: %w", err)
 	}
-	return pgx.CollectRows(rows, scanEvent)
+	events, err := pgx.CollectRows(rows, scanEvent)
+	if err != nil {
+		return nil, fmt.Errorf("error reading claimed events: %w", err)
+	}
+	return events, nil
 }
 
-// MarkDelivered records a successful delivery.
-func (b *Books) MarkDelivered(ctx context.Context, id string) error {
-	if _, err := b.pool.Exec(ctx, `UPDATE outbox SET state = 'delivered', delivered_at = $2, last_error = NULL WHERE event_id = $1::uuid AND state = 'pending'`, id, b.now()); err != nil {
+// MarkDelivered records a successful delivery, if the claim still holds
+// the event; otherwise it changes nothing and returns lab.ErrFenced.
+func (b *Books) MarkDelivered(ctx context.Context, id, token string) error {
+	tag, err := b.pool.Exec(ctx, `
+		UPDATE outbox SET state = 'delivered', delivered_at = $3, last_error = NULL, claim_token = NULL, lease_expires_at = NULL
+		WHERE event_id = $1::uuid AND claim_token = $2::uuid AND state = 'pending'`, id, nullUUID(token), b.now())
+	if err != nil {
 		return fmt.Errorf("error marking event %s delivered: %w", id, err)
 	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("event %s: %w", id, lab.ErrFenced)
+	}
 	return nil
 }
 
-// MarkFailed schedules another try, or gives up.
-func (b *Books) MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error {
-	if _, err := b.pool.Exec(ctx, `
-		UPDATE outbox SET next_attempt_at = $2, last_error = $3, state = CASE WHEN $4 THEN 'dead' ELSE state END
-		WHERE event_id = $1::uuid AND state = 'pending'`, id, next, reason, dead); err != nil {
+// MarkFailed schedules another try, or gives up, if the claim still holds
+// the event; otherwise it changes nothing and returns lab.ErrFenced.
+func (b *Books) MarkFailed(ctx context.Context, id, token string, next time.Time, dead bool, reason string) error {
+	tag, err := b.pool.Exec(ctx, `
+		UPDATE outbox SET next_attempt_at = $3, last_error = $4, state = CASE WHEN $5 THEN 'dead' ELSE state END,
+		       claim_token = NULL, lease_expires_at = NULL
+		WHERE event_id = $1::uuid AND claim_token = $2::uuid AND state = 'pending'`, id, nullUUID(token), next, reason, dead)
+	if err != nil {
 		return fmt.Errorf("error recording the failed delivery of %s: %w", id, err)
 	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("event %s: %w", id, lab.ErrFenced)
+	}
 	return nil
+}
+
+// Requeue puts a namespace's dead or failed event back to pending, due now
+// with its attempts reset ("" for every namespace). A worker that still
+// holds an old claim on it is fenced out.
+func (b *Books) Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error) {
+	if uuid.Validate(id) != nil {
+		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventNotFound)
+	}
+	now := b.now()
+	rows, err := b.pool.Query(ctx, `
+		UPDATE outbox SET state = 'pending', attempts = 0, next_attempt_at = $3, claim_token = NULL, lease_expires_at = NULL
+		WHERE event_id = $1::uuid AND ($2 = '' OR namespace = $2)
+		  AND (state = 'dead' OR (state = 'pending' AND (lease_expires_at IS NULL OR lease_expires_at <= $3)))
+		RETURNING `+eventColumns, id, string(ns), now)
+	if err != nil {
+		return lab.Event{}, fmt.Errorf("error re-queueing event %s: %w", id, err)
+	}
+	ev, err := pgx.CollectExactlyOneRow(rows, scanEvent)
+	if err == nil {
+		return ev, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return lab.Event{}, fmt.Errorf("error re-queueing event %s: %w", id, err)
+	}
+	// Nothing changed: say why.
+	var state string
+	err = b.pool.QueryRow(ctx, `SELECT state FROM outbox WHERE event_id = $1::uuid AND ($2 = '' OR namespace = $2)`, id, string(ns)).Scan(&state)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventNotFound)
+	case err != nil:
+		return lab.Event{}, fmt.Errorf("error reading event %s: %w", id, err)
+	case state == lab.EventDelivered:
+		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventDelivered)
+	}
+	return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventInFlight)
+}
+
+// nullUUID passes an empty token as NULL, which no row's token equals.
+func nullUUID(token string) *string {
+	if uuid.Validate(token) != nil {
+		return nil
+	}
+	return &token
 }
 
 // Events lists a namespace's newest events ("" for every namespace).

@@ -89,6 +89,10 @@ ALTER TABLE charges ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS 
 CREATE INDEX IF NOT EXISTS charges_namespace ON charges (namespace);
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
 CREATE INDEX IF NOT EXISTS outbox_namespace ON outbox (namespace, created_at DESC);
+-- The relay's fence: a claim stamps its random token and its lease, and only
+-- the holder of the token may complete the event.
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS claim_token uuid;
+ALTER TABLE outbox ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz;
 ALTER TABLE provider_receipts ADD COLUMN IF NOT EXISTS namespace text NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS provider_receipts_namespace ON provider_receipts (namespace);
 

@@ -1,6 +1,7 @@
 // Package relay delivers outbox events to the provider at least once:
-// claim due events under a lease, deliver, mark delivered, or back off with
-// jitter and retry; events that exhaust their attempts stay visible as dead.
+// workers claim due events under a lease and a random claim token, deliver,
+// then complete the event (delivered, or backed off with jitter) fenced by
+// that token; events that exhaust their attempts stay visible as dead.
 package relay
 
 import (
@@ -9,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -16,10 +19,15 @@ import (
 
 // Outbox is where the relay finds due events and records what became of them.
 type Outbox interface {
-	// ClaimDue leases up to limit due pending events for lease.
+	// ClaimDue leases up to limit due pending events for lease to one new
+	// claim: each comes back with one more attempt and the claim's token.
 	ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error)
-	MarkDelivered(ctx context.Context, id string) error
-	MarkFailed(ctx context.Context, id string, next time.Time, dead bool, reason string) error
+	// MarkDelivered and MarkFailed complete an event the claim token still
+	// holds; when another claim superseded it, or the event is no longer
+	// pending, they change nothing and return an error wrapping
+	// lab.ErrFenced.
+	MarkDelivered(ctx context.Context, id, token string) error
+	MarkFailed(ctx context.Context, id, token string, next time.Time, dead bool, reason string) error
 }
 
 // Provider receives events; it deduplicates by event id, as a well-behaved
@@ -28,48 +36,81 @@ type Provider interface {
 	Deliver(ctx context.Context, e lab.Event) (duplicate bool, err error)
 }
 
+// Settings tune a relay; every field is required (Defaults has the lab's).
+type Settings struct {
+	Interval    time.Duration // poll interval of each worker
+	Lease       time.Duration // how long a claimed event is hidden from other workers
+	Batch       int           // events per claim
+	Workers     int           // goroutines of one relay, each claiming its own batch
+	MaxAttempts int           // then the event is dead
+	BaseBackoff time.Duration // first retry delay, doubled per attempt, with jitter
+	MaxBackoff  time.Duration // cap of the retry delay
+}
+
+// Validate reports settings out of range.
+func (s Settings) Validate() error {
+	switch {
+	case s.Interval <= 0 || s.Lease <= 0 || s.BaseBackoff <= 0:
+		return fmt.Errorf("relay: interval, lease and backoff must be positive (got %s, %s, %s)", s.Interval, s.Lease, s.BaseBackoff)
+	case s.MaxBackoff < s.BaseBackoff:
+		return fmt.Errorf("relay: max backoff %s is below the base backoff %s", s.MaxBackoff, s.BaseBackoff)
+	case s.Batch < 1 || s.MaxAttempts < 1 || s.Workers < 1:
+		return fmt.Errorf("relay: batch, max attempts and workers must be at least 1 (got %d, %d, %d)", s.Batch, s.MaxAttempts, s.Workers)
+	}
+	return nil
+}
+
 // Config configures a Relay. Every field is required.
 type Config struct {
-	Outbox      Outbox
-	Provider    Provider
-	Clock       lab.Clock
-	Logger      *slog.Logger
-	Interval    time.Duration // poll interval
-	Lease       time.Duration // how long a claimed event is hidden from other relays
-	Batch       int           // events per tick
-	MaxAttempts int           // then the event is dead
-	BaseBackoff time.Duration // first retry delay, doubled per attempt with jitter, capped at a minute
+	Outbox   Outbox
+	Provider Provider
+	Clock    lab.Clock
+	Logger   *slog.Logger
+	Settings
 }
 
 // Defaults are the settings the lab runs with.
 func Defaults() Config {
-	return Config{
-		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50,
-		MaxAttempts: 8, BaseBackoff: 500 * time.Millisecond,
-	}
+	return Config{Settings: Settings{
+		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50, Workers: 2,
+		MaxAttempts: 8, BaseBackoff: 500 * time.Millisecond, MaxBackoff: time.Minute,
+	}}
 }
 
 // Relay moves events from the outbox to the provider. Its settings are fixed
-// at construction, so Tick and Run may overlap.
+// at construction, so Tick and Run may overlap, and several relays may share
+// one outbox.
 type Relay struct {
-	cfg Config
+	cfg    Config
+	fenced atomic.Int64
 }
 
 // New checks cfg and returns a relay.
 func New(cfg Config) (*Relay, error) {
-	switch {
-	case cfg.Outbox == nil || cfg.Provider == nil || cfg.Clock == nil || cfg.Logger == nil:
+	if cfg.Outbox == nil || cfg.Provider == nil || cfg.Clock == nil || cfg.Logger == nil {
 		return nil, errors.New("relay: outbox, provider, clock and logger are required")
-	case cfg.Interval <= 0 || cfg.Lease <= 0 || cfg.BaseBackoff <= 0:
-		return nil, fmt.Errorf("relay: interval, lease and backoff must be positive (got %s, %s, %s)", cfg.Interval, cfg.Lease, cfg.BaseBackoff)
-	case cfg.Batch < 1 || cfg.MaxAttempts < 1:
-		return nil, fmt.Errorf("relay: batch and max attempts must be at least 1 (got %d, %d)", cfg.Batch, cfg.MaxAttempts)
+	}
+	if err := cfg.Settings.Validate(); err != nil {
+		return nil, err
 	}
 	return &Relay{cfg: cfg}, nil
 }
 
-// Run delivers until ctx is cancelled.
+// Fenced counts the completions the outbox refused because the worker's
+// claim had been superseded: deliveries another worker repeated.
+func (r *Relay) Fenced() int64 { return r.fenced.Load() }
+
+// Run delivers with cfg.Workers workers until ctx is cancelled.
 func (r *Relay) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	for range r.cfg.Workers {
+		wg.Go(func() { r.work(ctx) })
+	}
+	wg.Wait()
+}
+
+// work is one worker: a claim, its deliveries, then a wait for the next tick.
+func (r *Relay) work(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
 	for {
@@ -84,7 +125,9 @@ func (r *Relay) Run(ctx context.Context) {
 	}
 }
 
-// Tick delivers one batch of due events and reports how many were delivered.
+// Tick claims one batch of due events, delivers them, and reports how many
+// were delivered and completed. A completion the fence refuses is logged and
+// counted (Fenced), never counted as delivered.
 func (r *Relay) Tick(ctx context.Context) (int, error) {
 	events, err := r.cfg.Outbox.ClaimDue(ctx, r.cfg.Batch, r.cfg.Lease)
 	if err != nil {
@@ -92,27 +135,51 @@ func (r *Relay) Tick(ctx context.Context) (int, error) {
 	}
 	delivered := 0
 	for _, ev := range events {
-		if _, err := r.cfg.Provider.Deliver(ctx, ev); err != nil {
-			dead := ev.Attempts >= r.cfg.MaxAttempts
-			next := r.cfg.Clock().Add(r.backoff(ev.Attempts))
-			if merr := r.cfg.Outbox.MarkFailed(ctx, ev.ID, next, dead, err.Error()); merr != nil {
-				return delivered, fmt.Errorf("error recording failed delivery: %w", merr)
-			}
-			continue
+		ok, err := r.deliver(ctx, ev)
+		if err != nil {
+			return delivered, err
 		}
-		if err := r.cfg.Outbox.MarkDelivered(ctx, ev.ID); err != nil {
-			// The provider has it; the event stays pending and will be
-			// delivered again, which the provider deduplicates by event id.
-			return delivered, fmt.Errorf("error marking event delivered: %w", err)
+		if ok {
+			delivered++
 		}
-		delivered++
 	}
 	return delivered, nil
 }
 
-// backoff doubles per attempt, capped at one minute, with ±20% jitter.
+// deliver sends one claimed event and completes it under the claim's fence.
+func (r *Relay) deliver(ctx context.Context, ev lab.Event) (bool, error) {
+	_, derr := r.cfg.Provider.Deliver(ctx, ev)
+	var err error
+	if derr != nil {
+		dead := ev.Attempts >= r.cfg.MaxAttempts
+		next := r.cfg.Clock().Add(r.backoff(ev.Attempts))
+		err = r.cfg.Outbox.MarkFailed(ctx, ev.ID, ev.ClaimToken, next, dead, derr.Error())
+	} else {
+		err = r.cfg.Outbox.MarkDelivered(ctx, ev.ID, ev.ClaimToken)
+	}
+	switch {
+	case errors.Is(err, lab.ErrFenced):
+		r.fenced.Add(1)
+		r.cfg.Logger.WarnContext(ctx, "outbox completion refused: the claim was superseded",
+			"event_id", ev.ID, "attempt", ev.Attempts, "delivered", derr == nil)
+		return false, nil
+	case err != nil && derr != nil:
+		return false, fmt.Errorf("error recording failed delivery: %w", err)
+	case err != nil:
+		// The provider has it; the event stays pending and will be
+		// delivered again when the lease ends, which the provider
+		// deduplicates by event id.
+		return false, fmt.Errorf("error marking event delivered: %w", err)
+	}
+	return derr == nil, nil
+}
+
+// backoff doubles per attempt from the base, capped, minus up to 20% of
+// jitter so that failures that happened together do not retry together.
 func (r *Relay) backoff(attempts int) time.Duration {
-	d := r.cfg.BaseBackoff << min(max(attempts-1, 0), 16)
-	d = min(d, time.Minute)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	d := min(r.cfg.BaseBackoff<<min(max(attempts-1, 0), 20), r.cfg.MaxBackoff)
+	if d <= 0 { // the shift overflowed
+		d = r.cfg.MaxBackoff
+	}
+	return d - time.Duration(rand.Int64N(int64(d)/5+1))
 }

@@ -23,6 +23,7 @@ type books interface {
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
 	Receipts(ctx context.Context, ns lab.Namespace, run string) (int, int, error)
+	Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error)
 }
 
 // flaky fails the first n deliveries, then passes them to the books.
@@ -54,8 +55,14 @@ func setup(t *testing.T) (map[string]books, *labtest.Clock) {
 func newRelay(t *testing.T, b books, p relay.Provider, c *labtest.Clock, maxAttempts int) *relay.Relay {
 	t.Helper()
 	cfg := relay.Defaults()
-	cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, p, c.Now, slog.New(slog.DiscardHandler)
 	cfg.MaxAttempts = maxAttempts
+	return newRelayWith(t, b, p, c, cfg)
+}
+
+// newRelayWith returns a relay on cfg's settings.
+func newRelayWith(t *testing.T, b books, p relay.Provider, c *labtest.Clock, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, p, c.Now, slog.New(slog.DiscardHandler)
 	r, err := relay.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -184,6 +191,10 @@ func TestNewRejectsBadSettings(t *testing.T) {
 		"no attempts":  func(cfg *relay.Config) { cfg.MaxAttempts = 0 },
 		"no clock":     func(cfg *relay.Config) { cfg.Clock = nil },
 		"zero backoff": func(cfg *relay.Config) { cfg.BaseBackoff = 0 },
+		"no workers":   func(cfg *relay.Config) { cfg.Workers = 0 },
+		"cap below base": func(cfg *relay.Config) {
+			cfg.BaseBackoff, cfg.MaxBackoff = time.Minute, time.Second
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := relay.Defaults()

@@ -1,0 +1,142 @@
+package variants_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/relay"
+)
+
+// downProvider is the provider the lab's relay delivers to: down until
+// brought up, then the lab's simulated provider.
+type downProvider struct {
+	mu       sync.Mutex
+	up       relay.Provider // nil while down
+	attempts int
+}
+
+func (p *downProvider) Deliver(ctx context.Context, e lab.Event) (bool, error) {
+	p.mu.Lock()
+	p.attempts++
+	up := p.up
+	p.mu.Unlock()
+	if up == nil {
+		return false, errors.New("provider down")
+	}
+	return up.Deliver(ctx, e)
+}
+
+func (p *downProvider) bringUp(to relay.Provider) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.up = to
+}
+
+func (p *downProvider) tries() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.attempts
+}
+
+// outboxView is the part of GET /outbox this test reads.
+type outboxView struct {
+	Events     []lab.Event `json:"events"`
+	Pending    int         `json:"outbox_pending"`
+	Delivered  int         `json:"outbox_delivered"`
+	Dead       int         `json:"outbox_dead"`
+	Receipts   int         `json:"receipts"`
+	Deliveries int         `json:"deliveries"`
+}
+
+// TestDeadEventRetried: with the provider down an event backs off and ends
+// dead after MaxAttempts; POST /outbox/{id}/retry, by its namespace only,
+// brings it back and it is delivered once.
+func TestDeadEventRetried(t *testing.T) {
+	for _, ledger := range []string{"memory", "postgres"} {
+		t.Run(ledger, func(t *testing.T) {
+			p := &downProvider{}
+			cfg := labConfig(func(c *app.Config) {
+				c.Provider, c.AdminToken = p, "admin-token-outbox"
+				c.Relay.Interval, c.Relay.BaseBackoff, c.Relay.MaxBackoff, c.Relay.MaxAttempts = 5*time.Millisecond, time.Millisecond, 5*time.Millisecond, 3
+			})
+			if ledger == "postgres" {
+				cfg.DatabaseURL, cfg.PGSchema = labtest.Postgres(t)
+			}
+			a := labtest.Start(t, cfg)
+			base := a.URL()
+			auth := func(token string) http.Header { return http.Header{"Authorization": {"Bearer " + token}} }
+			view := func() outboxView {
+				t.Helper()
+				r := labtest.Do(t, http.MethodGet, base+"/outbox", auth(labtest.Acme), "")
+				if r.Status != http.StatusOK {
+					t.Fatalf("GET /outbox: %d %s", r.Status, r.Body)
+				}
+				return labtest.Decode[outboxView](t, r)
+			}
+			waitFor := func(what string, ok func(outboxView) bool) outboxView {
+				t.Helper()
+				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+					if v := view(); ok(v) {
+						return v
+					} else if time.Now().After(deadline) {
+						t.Fatalf("%s: never; outbox %+v", what, v)
+					}
+				}
+			}
+			retry := func(token, id string, status int, code string) labtest.Reply {
+				t.Helper()
+				r := labtest.Do(t, http.MethodPost, base+"/outbox/"+id+"/retry", auth(token), "")
+				if r.Status != status {
+					t.Fatalf("retry %s as %s: %d %s, want %d", id, token, r.Status, r.Body, status)
+				}
+				if code != "" {
+					if pr := labtest.Decode[lab.Problem](t, r); pr.Code != code || r.Header.Get("Content-Type") != "application/problem+json" {
+						t.Fatalf("retry %s as %s: problem %+v, want %s", id, token, pr, code)
+					}
+				}
+				return r
+			}
+
+			if r := labtest.Charge(t, base, "memory", labtest.Acme, "k-dead-letter", body2500); r.Status != http.StatusCreated {
+				t.Fatalf("charge: %d %s", r.Status, r.Body)
+			}
+			v := waitFor("the event dead", func(v outboxView) bool { return v.Dead == 1 })
+			ev := v.Events[0]
+			if ev.State != lab.EventDead || ev.Attempts != 3 || ev.LastError == "" || v.Receipts != 0 || p.tries() != 3 {
+				t.Fatalf("dead event %+v, receipts %d, provider tries %d: want dead after 3 attempts", ev, v.Receipts, p.tries())
+			}
+
+			retry(labtest.Globex, ev.ID, http.StatusNotFound, "event_not_found") // another namespace's
+			retry(labtest.Acme, "00000000-0000-4000-8000-000000000000", http.StatusNotFound, "event_not_found")
+			retry(labtest.Acme, "not-an-id", http.StatusNotFound, "event_not_found")
+			if v := view(); v.Dead != 1 || v.Events[0].Attempts != 3 {
+				t.Fatalf("a refused retry changed the event: %+v", v.Events[0])
+			}
+
+			p.bringUp(a.Books())
+			r := retry(labtest.Acme, ev.ID, http.StatusOK, "")
+			got := labtest.Decode[struct {
+				Requeued lab.Event `json:"requeued"`
+			}](t, r).Requeued
+			if got.ID != ev.ID || got.State != lab.EventPending || got.Attempts != 0 {
+				t.Fatalf("requeued %+v: want it pending with its attempts reset", got)
+			}
+			v = waitFor("the event delivered", func(v outboxView) bool { return v.Delivered == 1 })
+			if v.Events[0].Attempts != 1 || v.Dead != 0 || v.Pending != 0 || v.Receipts != 1 || v.Deliveries != 1 {
+				t.Fatalf("outbox %+v, event %+v: want it delivered once, on its first attempt after the retry", v, v.Events[0])
+			}
+			retry(labtest.Acme, ev.ID, http.StatusConflict, "event_delivered")
+			retry("admin-token-outbox", ev.ID, http.StatusConflict, "event_delivered") // the admin sees every namespace
+			if v := view(); v.Deliveries != 1 {
+				t.Fatalf("%d deliveries after a refused retry, want 1", v.Deliveries)
+			}
+		})
+	}
+}
