@@ -21,6 +21,12 @@ import (
 //go:embed schema.sql
 var schemaSQL string
 
+// providerSQL holds the simulated provider's tables: its own records, kept
+// apart from the lab's books even when both share a database.
+//
+//go:embed provider.sql
+var providerSQL string
+
 // DefaultSchema is where the lab keeps its tables.
 const DefaultSchema = "idempotency_lab"
 
@@ -94,6 +100,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, schema string) error {
 		}
 		if _, err := tx.Exec(ctx, schemaSQL); err != nil {
 			return fmt.Errorf("error applying schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, providerSQL); err != nil {
+			return fmt.Errorf("error applying the provider's schema: %w", err)
 		}
 		return nil
 	})

@@ -1,0 +1,1 @@
+-- The simulated payment provider's own records (package provider).
