@@ -1,0 +1,131 @@
+package pgdb_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/provider"
+)
+
+// providerPools opens n pools on one migrated schema of the test's own:
+// n replicas sharing the provider's records.
+func providerPools(t *testing.T, n int) (pools []*pgxpool.Pool, schema string) {
+	t.Helper()
+	url, schema := labtest.Postgres(t)
+	for i := range n {
+		pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 8, AppName: "provider-records-test", Migrate: i == 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		pools = append(pools, pool)
+	}
+	return pools, schema
+}
+
+func providerCapture(tenant, key string, at time.Time) provider.Capture {
+	req := provider.CaptureRequest{ChargeID: "ch_" + key, Tenant: tenant, AmountCents: 100, Currency: "USD", Via: provider.ViaOutbox}
+	return provider.Capture{ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Tenant: tenant, AmountCents: 100,
+		Currency: "USD", Via: provider.ViaOutbox, Status: provider.StatusSucceeded, Fingerprint: req.Fingerprint(), CreatedAt: at}
+}
+
+// TestProviderMigrateTwice: provider.sql runs on every start, so it must
+// change nothing the second time, and keep what the tables hold.
+func TestProviderMigrateTwice(t *testing.T) {
+	pools, schema := providerPools(t, 1)
+	ctx := context.Background()
+	r := pgdb.NewProviderRecords(pools[0])
+	if _, _, err := r.Capture(ctx, providerCapture("acme~2", "k1", time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgdb.Migrate(ctx, pools[0], schema); err != nil {
+		t.Fatalf("migrating again: %v", err)
+	}
+	var ns string
+	if err := pools[0].QueryRow(ctx, `SELECT namespace FROM provider_captures WHERE idempotency_key = 'k1'`).Scan(&ns); err != nil || ns != "acme" {
+		t.Fatalf("namespace %q, %v; want acme, derived from the tenant", ns, err)
+	}
+}
+
+// TestProviderCaptureAcrossReplicas: replicas share no memory, so only the
+// table's primary key can make exactly one of 32 concurrent captures with
+// one key apply; the others replay it. Receipts likewise by event id.
+func TestProviderCaptureAcrossReplicas(t *testing.T) {
+	pools, _ := providerPools(t, 2)
+	replicas := []*pgdb.ProviderRecords{pgdb.NewProviderRecords(pools[0]), pgdb.NewProviderRecords(pools[1])}
+	ctx := context.Background()
+	const n = 32
+	var (
+		wg                sync.WaitGroup
+		start             = make(chan struct{})
+		mu                sync.Mutex
+		applied, firstDup int
+	)
+	at := time.Now()
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			r := replicas[i%2]
+			_, replayed, err := r.Capture(ctx, providerCapture("acme", "race", at))
+			if err != nil {
+				t.Errorf("Capture: %v", err)
+				return
+			}
+			dup, err := r.Receipt(ctx, provider.Receipt{EventID: "evt-race", ChargeID: "ch_race", Tenant: "acme", Via: provider.ViaOutbox, ReceivedAt: at})
+			if err != nil {
+				t.Errorf("Receipt: %v", err)
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if !replayed {
+				applied++
+			}
+			if !dup {
+				firstDup++
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if applied != 1 || firstDup != 1 {
+		t.Fatalf("%d captures applied, %d receipts first; want 1 and 1", applied, firstDup)
+	}
+	s, err := replicas[0].Stats(ctx, provider.Filter{Namespace: "acme"})
+	want := provider.Stats{CapturesApplied: 1, CaptureRequests: n, CapturedCents: 100, Receipts: 1, ReceiptDeliveries: n}
+	if err != nil || s != want {
+		t.Fatalf("Stats = %+v, %v; want %+v", s, err, want)
+	}
+}
+
+// TestProviderResetKeepsOthers: resetting a namespace removes its rows and
+// no other namespace's, whose prefix it may share.
+func TestProviderResetKeepsOthers(t *testing.T) {
+	pools, _ := providerPools(t, 1)
+	r := pgdb.NewProviderRecords(pools[0])
+	ctx := context.Background()
+	for _, tenant := range []string{"acme", "acme~2", "acme-2", "acmeco"} {
+		if _, _, err := r.Capture(ctx, providerCapture(tenant, "k", time.Now())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Reset(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	list, err := r.Captures(ctx, provider.Filter{})
+	if err != nil || len(list) != 2 {
+		t.Fatalf("after Reset(acme): %+v, %v; want acme-2's and acmeco's", list, err)
+	}
+	for _, c := range list {
+		if c.Tenant != "acme-2" && c.Tenant != "acmeco" {
+			t.Fatalf("Reset(acme) kept %s", c.Tenant)
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package provider
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"time"
+)
+
+// ErrKeyMismatch refuses a capture whose Idempotency-Key was first used
+// with another request.
+var ErrKeyMismatch = errors.New("idempotency key reused with another request")
+
+// Records is where the provider keeps what it received (memory or
+// PostgreSQL): the ground truth the lab compares its ledger with.
+type Records interface {
+	// Capture records a capture under (tenant, key) once. If the key exists
+	// with the same fingerprint it returns the stored capture, its Requests
+	// counted one more, with replayed=true; with another fingerprint
+	// ErrKeyMismatch, and the stored capture is left as it was (a refused
+	// request is not counted). Concurrent calls with one key: exactly one
+	// applies. c.ID must be new: the stored capture carries another ID
+	// exactly when the call did not apply.
+	Capture(ctx context.Context, c Capture) (stored Capture, replayed bool, err error)
+	// Receipt records a receipt by event id once; duplicate=true when it
+	// was there already (its Deliveries is incremented).
+	Receipt(ctx context.Context, r Receipt) (duplicate bool, err error)
+	// Captures lists the captures f selects, newest first, at most
+	// f.Limit of them (see Filter).
+	Captures(ctx context.Context, f Filter) ([]Capture, error)
+	// Stats sums what f selects (f.Limit is ignored).
+	Stats(ctx context.Context, f Filter) (Stats, error)
+	// Reset deletes a namespace's captures and receipts ("" = everything).
+	Reset(ctx context.Context, ns string) error
+}
+
+// Listing limits.
+const (
+	DefaultLimit = 100
+	MaxLimit     = 1000
+)
+
+// Filter selects records; an empty field selects any value.
+type Filter struct {
+	Namespace string
+	Run       string
+	ChargeID  string
+	// Limit caps a listing: 0 means DefaultLimit, and anything else is
+	// brought into 1..MaxLimit.
+	Limit int
+}
+
+// EffectiveLimit is the number of captures a listing returns at most.
+func (f Filter) EffectiveLimit() int {
+	switch {
+	case f.Limit == 0:
+		return DefaultLimit
+	case f.Limit < 1:
+		return 1
+	case f.Limit > MaxLimit:
+		return MaxLimit
+	}
+	return f.Limit
+}
+
+// Capture statuses.
+const (
+	StatusSucceeded = "succeeded"
+	StatusFailed    = "failed" // declined
+)
+
+// Who sent a capture or a receipt.
+const (
+	ViaOutbox = "outbox" // the lab's relay, from the transactional outbox
+	ViaDirect = "direct" // the charge path itself, outside any transaction
+)
+
+// Capture is one applied capture: the money the provider moved.
+type Capture struct {
+	ID          string    `json:"capture_id"` // "cap_" + uuid
+	Key         string    `json:"idempotency_key"`
+	ChargeID    string    `json:"charge_id"`
+	Tenant      string    `json:"tenant"`
+	Run         string    `json:"run,omitempty"`
+	AmountCents int64     `json:"amount_cents"`
+	Currency    string    `json:"currency"`
+	Via         string    `json:"via"`
+	Status      string    `json:"status"`
+	Requests    int       `json:"requests"` // requests that carried this key and were applied or replayed
+	Fingerprint string    `json:"-"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// Receipt is one receipt the provider sent, by the lab's outbox event id.
+type Receipt struct {
+	EventID    string    `json:"event_id"`
+	ChargeID   string    `json:"charge_id"`
+	Tenant     string    `json:"tenant"`
+	Run        string    `json:"run,omitempty"`
+	Via        string    `json:"via"`
+	Deliveries int       `json:"deliveries"`
+	ReceivedAt time.Time `json:"received_at"`
+}
+
+// Stats sums the provider's records.
+type Stats struct {
+	CapturesApplied      int   `json:"captures_applied"`       // distinct captures recorded
+	CaptureRequests      int   `json:"capture_requests"`       // sum of their Requests
+	ChargesCapturedTwice int   `json:"charges_captured_twice"` // distinct charge ids with more than one capture
+	CapturedCents        int64 `json:"captured_cents"`         // sum over succeeded captures
+	Receipts             int   `json:"receipts"`               // distinct event ids
+	ReceiptDeliveries    int   `json:"receipt_deliveries"`     // sum of their deliveries
+	DirectCaptures       int   `json:"direct_captures"`        // captures sent with via=direct
+}
+
+// CaptureRequest is the body of POST /captures.
+type CaptureRequest struct {
+	ChargeID    string `json:"charge_id"`
+	Tenant      string `json:"tenant"`
+	Run         string `json:"run,omitempty"`
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
+	Via         string `json:"via"`
+}
+
+// Fingerprint identifies what a capture asks for: its charge, tenant,
+// amount and currency. Who sent it (via) and the lab run are left out, so
+// a retry through another path is still the same request.
+func (r CaptureRequest) Fingerprint() string {
+	// A JSON array keeps the fields apart whatever they hold.
+	b, _ := json.Marshal([]any{r.ChargeID, r.Tenant, r.AmountCents, r.Currency}) // strings and an int always marshal
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// ReceiptRequest is the body of POST /receipts.
+type ReceiptRequest struct {
+	EventID  string `json:"event_id"`
+	ChargeID string `json:"charge_id"`
+	Tenant   string `json:"tenant"`
+	Run      string `json:"run,omitempty"`
+	Via      string `json:"via"`
+}
+
+// normalTime is how both stores keep times: UTC, to the microsecond
+// (PostgreSQL's precision), so they answer alike.
+func normalTime(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }

@@ -1,0 +1,272 @@
+package provider_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/signature"
+)
+
+// expect checks the next webhooks' types and signatures, in order.
+func (e *env) expect(t *testing.T, c provider.Capture, want ...string) []hook {
+	t.Helper()
+	var got []hook
+	for i, typ := range want {
+		h := e.next(t)
+		got = append(got, h)
+		if h.Event.Type != typ {
+			t.Fatalf("webhook %d is %s, want %s (all: %v)", i+1, h.Event.Type, typ, want)
+		}
+		d := h.Event.Data
+		if d.CaptureID != c.ID || d.ChargeID != c.ChargeID || d.Tenant != c.Tenant || d.Run != c.Run ||
+			d.AmountCents != c.AmountCents || d.Currency != c.Currency || h.Event.Created == 0 {
+			t.Fatalf("webhook %d: %+v, want the data of %+v", i+1, h.Event, c)
+		}
+	}
+	return got
+}
+
+func TestWebhooks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("SignedInOrder", func(t *testing.T) {
+		e := setup(t, options{webhooks: true})
+		c, _, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 100), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+		for _, h := range hs {
+			if h.Verified != nil {
+				t.Fatalf("webhook %s does not verify: %v", h.Event.Type, h.Verified)
+			}
+		}
+		if hs[0].Event.ID == hs[1].Event.ID || hs[0].Event.Data.Status != "processing" || hs[1].Event.Data.Status != provider.StatusSucceeded {
+			t.Fatalf("webhooks %+v", hs)
+		}
+		// A replay sends nothing: the next webhooks are another capture's.
+		if _, replayed, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 100), ""); err != nil || !replayed {
+			t.Fatalf("replay: %v, %v", replayed, err)
+		}
+		c2, _, err := e.client.Capture(ctx, "k2", captureReq("acme", "ch_2", 200), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.expect(t, c2, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+		e.eventually(t, "4 webhooks sent", func(c provider.Counters) bool { return c.WebhooksSent == 4 })
+	})
+	t.Run("Declined", func(t *testing.T) {
+		e := setup(t, options{webhooks: true})
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "decline")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureFailed)
+		if hs[1].Event.Data.Status != provider.StatusFailed {
+			t.Fatalf("final webhook %+v", hs[1].Event)
+		}
+	})
+	t.Run("Duplicate", func(t *testing.T) {
+		e := setup(t, options{webhooks: true})
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_duplicate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
+		if hs[1].Event != hs[2].Event || hs[2].Attempt != 2 || hs[2].Verified != nil {
+			t.Fatalf("duplicate %+v of %+v: want the same event, signed", hs[2], hs[1])
+		}
+	})
+	t.Run("Reorder", func(t *testing.T) {
+		e := setup(t, options{webhooks: true})
+		if err := e.client.SetFaults(ctx, "acme", provider.Faults{WebhookReorder: true}); err != nil {
+			t.Fatal(err)
+		}
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.expect(t, c, provider.EventCaptureSucceeded, provider.EventCaptureProcessing)
+	})
+	t.Run("BadSignature", func(t *testing.T) {
+		e := setup(t, options{webhooks: true})
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_bad_signature")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
+		if hs[0].Verified != nil || !errors.Is(hs[1].Verified, signature.ErrMismatch) || hs[2].Verified != nil || hs[1].Event != hs[2].Event {
+			t.Fatalf("verdicts %v, %v, %v; want the forged copy refused and the genuine event accepted",
+				hs[0].Verified, hs[1].Verified, hs[2].Verified)
+		}
+		e.eventually(t, "the forged copy refused, not retried", func(c provider.Counters) bool {
+			return c.WebhooksSent == 2 && c.WebhooksRejected == 1 && c.WebhooksFailed == 1
+		})
+	})
+	t.Run("Retried", func(t *testing.T) {
+		// The receiver answers these statuses in turn: each is worth
+		// another attempt.
+		answers := []int{http.StatusServiceUnavailable, http.StatusOK, // processing
+			http.StatusNotFound, http.StatusTooManyRequests, http.StatusOK, // succeeded
+			http.StatusOK} // its duplicate
+		n := 0
+		e := setup(t, options{webhooks: true, attempts: 3, answer: func(hook) int {
+			n++
+			return answers[min(n, len(answers))-1]
+		}})
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_duplicate")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureProcessing,
+			provider.EventCaptureSucceeded, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
+		for i, want := range []int{1, 2, 1, 2, 3, 4} {
+			if hs[i].Attempt != want {
+				t.Fatalf("webhook %d arrived for the %d. time, want %d", i+1, hs[i].Attempt, want)
+			}
+		}
+		e.eventually(t, "retries then deliveries", func(c provider.Counters) bool {
+			return c.WebhooksSent == 3 && c.WebhooksRejected == 3 && c.WebhooksFailed == 0
+		})
+	})
+	t.Run("NotRetried", func(t *testing.T) {
+		e := setup(t, options{webhooks: true, answer: func(h hook) int {
+			if h.Event.Type == provider.EventCaptureProcessing {
+				return http.StatusBadRequest
+			}
+			return http.StatusOK
+		}})
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Refused for good, the processing event is not sent again; the
+		// final one follows.
+		e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+		e.eventually(t, "one given up, one sent", func(c provider.Counters) bool {
+			return c.WebhooksFailed == 1 && c.WebhooksRejected == 1 && c.WebhooksSent == 1
+		})
+	})
+	t.Run("AttemptsExhausted", func(t *testing.T) {
+		e := setup(t, options{webhooks: true, attempts: 2, answer: func(hook) int { return http.StatusInternalServerError }})
+		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureProcessing,
+			provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
+		e.eventually(t, "both given up", func(c provider.Counters) bool {
+			return c.WebhooksFailed == 2 && c.WebhooksRejected == 4 && c.WebhooksSent == 0
+		})
+	})
+}
+
+// TestRunStops: Run returns once its workers stopped, dropping (and
+// counting) what was not sent; goleak (TestMain) checks nothing is left.
+func TestRunStops(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t.Run("QueuedDropped", func(t *testing.T) {
+		e := setup(t, options{webhooks: true, noRun: true})
+		for i, key := range []string{"k1", "k2"} {
+			if _, _, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, int64(100+i)), ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		stopped, cancel := context.WithCancel(ctx)
+		cancel()
+		e.p.Run(stopped)
+		if c := e.p.Counters(); c.WebhooksDropped != 4 || c.WebhooksSent != 0 {
+			t.Fatalf("counters %+v; want 4 webhooks dropped", c)
+		}
+		e.p.Run(ctx) // a second Run returns at once
+		// Once stopped, the provider queues nothing more.
+		if _, _, err := e.client.Capture(ctx, "k3", captureReq("acme", "ch_k3", 300), ""); err != nil {
+			t.Fatal(err)
+		}
+		if c := e.p.Counters(); c.WebhooksDropped != 6 {
+			t.Fatalf("webhooks_dropped %d; want 6", c.WebhooksDropped)
+		}
+	})
+	t.Run("QueueFull", func(t *testing.T) {
+		e := setup(t, options{webhooks: true, noRun: true, queue: 1})
+		for _, key := range []string{"k1", "k2"} {
+			if _, _, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, 100), ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if c := e.p.Counters(); c.WebhooksDropped != 2 {
+			t.Fatalf("webhooks_dropped %d; want the second capture's 2", c.WebhooksDropped)
+		}
+	})
+	t.Run("WhileSending", func(t *testing.T) {
+		// The receiver holds every webhook until its request ends (which
+		// the server notices once the body was read).
+		entered := make(chan struct{}, 10)
+		recv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			entered <- struct{}{}
+			<-r.Context().Done()
+		}))
+		t.Cleanup(recv.Close)
+		p, err := provider.New(provider.Config{Records: provider.NewMemory(), Secret: secret, WebhookURL: recv.URL,
+			HTTPClient: recv.Client(), Logger: slog.New(slog.DiscardHandler), WebhookWorkers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.Run(runCtx)
+		}()
+		e := serve(t, p)
+		if _, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil {
+			t.Fatal(err)
+		}
+		<-entered
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Run did not return")
+		}
+		if c := p.Counters(); c.WebhooksDropped != 2 || c.WebhooksFailed != 0 {
+			t.Fatalf("counters %+v; want the interrupted webhook and the next dropped", c)
+		}
+	})
+	t.Run("HeldAnswerLetGo", func(t *testing.T) {
+		p, err := provider.New(provider.Config{Records: provider.NewMemory(), Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.Run(runCtx)
+		}()
+		e := serve(t, p)
+		answered := make(chan error, 1)
+		go func() {
+			_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
+			answered <- err
+		}()
+		e.eventually(t, "the answer withheld", func(c provider.Counters) bool { return c.ResponsesLost == 1 })
+		cancel()
+		<-done
+		select {
+		case err := <-answered:
+			transportError(t, err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the withheld answer was not let go when the provider stopped")
+		}
+	})
+}
