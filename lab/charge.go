@@ -39,9 +39,25 @@ func NewChargeID() string { return "ch_" + uuid.NewString() }
 // another's.
 func NewClaimToken() string { return uuid.NewString() }
 
-// NewReceiptEvent builds the receipt effect of a charge.
-func NewReceiptEvent(e Entry) *Event {
-	payload, _ := json.Marshal(receipt{ChargeID: e.ChargeID, Key: e.Key, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency})
+// Capture key modes: how the relay keys its capture at the provider.
+const (
+	// CaptureKeyDerived derives the key from the operation
+	// (<charge id>:capture), so every redelivery is a replay.
+	CaptureKeyDerived = "derived"
+	// CaptureKeyRandom draws a new key per attempt: the mistake that turns a
+	// redelivery into a second capture.
+	CaptureKeyRandom = "random"
+)
+
+// NewReceiptEvent builds the effects of a charge, delivered by the relay:
+// the capture at the provider, then the receipt.
+func NewReceiptEvent(e Entry, f Faults) *Event {
+	mode := CaptureKeyDerived
+	if f.RandomCaptureKey {
+		mode = CaptureKeyRandom
+	}
+	payload, _ := json.Marshal(receipt{ChargeID: e.ChargeID, Key: e.Key, Account: e.Account, AmountCents: e.AmountCents,
+		Currency: e.Currency, CaptureKey: mode})
 	return &Event{
 		ID: uuid.NewString(), Type: EventReceiptEmail, ChargeID: e.ChargeID,
 		Tenant: e.Tenant, Run: e.Run, Payload: payload, State: EventPending,
@@ -56,7 +72,28 @@ type receipt struct {
 	Account     string `json:"account"`
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
+	CaptureKey  string `json:"capture_key,omitempty"`
 }
+
+// EffectDetails are what the relay needs to deliver a charge's effects.
+type EffectDetails struct {
+	AmountCents int64
+	Currency    string
+	CaptureKey  string // CaptureKeyDerived or CaptureKeyRandom
+}
+
+// Effects reads what the relay needs from the event's payload.
+func (e Event) Effects() EffectDetails {
+	var r receipt
+	_ = json.Unmarshal(e.Payload, &r) // written by NewReceiptEvent
+	if r.CaptureKey == "" {
+		r.CaptureKey = CaptureKeyDerived
+	}
+	return EffectDetails{AmountCents: r.AmountCents, Currency: r.Currency, CaptureKey: r.CaptureKey}
+}
+
+// DerivedCaptureKey is the provider key of a charge's capture.
+func DerivedCaptureKey(chargeID string) string { return chargeID + ":capture" }
 
 // Receipt reads the idempotency key and the amount of a receipt event.
 func (e Event) Receipt() (key string, amountCents int64) {
@@ -118,7 +155,7 @@ func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Resp
 	// leaves: an interrupted commit is an outcome nobody knows.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ledgerTimeout)
 	defer cancel()
-	apply := Apply{Entry: entry, Event: NewReceiptEvent(entry), FailOutbox: a.Faults.Has(FaultOutboxFail)}
+	apply := Apply{Entry: entry, Event: NewReceiptEvent(entry, a.Faults), FailOutbox: a.Faults.Has(FaultOutboxFail)}
 	var (
 		c   Charge
 		err error

@@ -65,6 +65,10 @@ type Faults struct {
 	Work      time.Duration // slow: duration of the work
 	ClaimTTL  time.Duration // redis claim TTL override
 	Retention time.Duration // key retention override (expired)
+	// RandomCaptureKey makes the charge's capture at the provider use a new
+	// random key per delivery attempt instead of one derived from the
+	// charge: the effect-side mistake (capture_key=random).
+	RandomCaptureKey bool
 }
 
 // RetentionOr is the key retention this request asks for, or window.
@@ -92,6 +96,9 @@ func (f Faults) String() string {
 	}
 	if f.Retention > 0 {
 		parts = append(parts, "window_ms="+strconv.FormatInt(f.Retention.Milliseconds(), 10))
+	}
+	if f.RandomCaptureKey {
+		parts = append(parts, "capture_key="+CaptureKeyRandom)
 	}
 	return strings.Join(parts, "; ")
 }
@@ -122,6 +129,16 @@ func ParseFaults(h string) (Faults, error) {
 			f.Point = point
 			continue
 		}
+		if name == "capture_key" {
+			switch strings.TrimSpace(value) {
+			case CaptureKeyRandom:
+				f.RandomCaptureKey = true
+			case CaptureKeyDerived:
+			default:
+				return f, Invalid(FaultHeader, "capture_key must be derived or random (got %q)", value)
+			}
+			continue
+		}
 		var dst *time.Duration
 		switch name {
 		case "work_ms":
@@ -131,7 +148,7 @@ func ParseFaults(h string) (Faults, error) {
 		case "window_ms":
 			dst = &f.Retention
 		default:
-			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms", name)
+			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key", name)
 		}
 		ms, err := ParseInt(FaultHeader, value, true, 0, 1, 60_000)
 		if err != nil {

@@ -173,7 +173,7 @@ type RunStats struct {
 	ChargedCents int64 // their sum
 	OutboxEvents int   // outbox events created by the run
 	Delivered    int   // of those, the ones the relay delivered
-	DirectSends  int   // effects sent directly to the provider by the run
+	Dead         int   // of those, the ones the relay gave up on
 }
 
 // KeyTally is what the ledger holds for one key.
@@ -276,6 +276,12 @@ type Restarter interface {
 // Sweeper evicts expired keys and reports how many.
 type Sweeper interface {
 	Sweep(ctx context.Context) (int, error)
+}
+
+// InFlightAger reports how long the oldest operation still in flight has
+// been: a claim nobody completed (a slow or dead worker). Zero when none.
+type InFlightAger interface {
+	OldestInFlight(ctx context.Context) (time.Duration, error)
 }
 
 // Describer says in one line where a running store keeps its keys.

@@ -18,6 +18,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -157,8 +158,12 @@ func TestUnsafeChargesEveryAttempt(t *testing.T) {
 		}
 	}
 	s := runStats(t, a, "run-unsafe")
-	if s.Charges != 50 || s.DirectSends != 50 || s.OutboxEvents != 0 {
-		t.Fatalf("ledger: %+v; want 50 charges sent directly", s)
+	got, err := a.Provider().Stats(t.Context(), provider.Filter{Run: "run-unsafe"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Charges != 50 || s.OutboxEvents != 0 || got.DirectCaptures != 50 || got.CapturesApplied != 50 || got.Receipts != 50 {
+		t.Fatalf("ledger %+v, provider %+v; want 50 charges, each captured and receipted directly at the provider", s, got.Stats)
 	}
 }
 

@@ -1,49 +1,15 @@
 package variants_test
 
 import (
-	"context"
-	"errors"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/lab/relay"
+	"github.com/idempotency-lab/lab/lab/provider"
 )
-
-// downProvider is the provider the lab's relay delivers to: down until
-// brought up, then the lab's simulated provider.
-type downProvider struct {
-	mu       sync.Mutex
-	up       relay.Provider // nil while down
-	attempts int
-}
-
-func (p *downProvider) Deliver(ctx context.Context, e lab.Event) (bool, error) {
-	p.mu.Lock()
-	p.attempts++
-	up := p.up
-	p.mu.Unlock()
-	if up == nil {
-		return false, errors.New("provider down")
-	}
-	return up.Deliver(ctx, e)
-}
-
-func (p *downProvider) bringUp(to relay.Provider) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.up = to
-}
-
-func (p *downProvider) tries() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.attempts
-}
 
 // outboxView is the part of GET /outbox this test reads.
 type outboxView struct {
@@ -55,15 +21,15 @@ type outboxView struct {
 	Deliveries int         `json:"deliveries"`
 }
 
-// TestDeadEventRetried: with the provider down an event backs off and ends
-// dead after MaxAttempts; POST /outbox/{id}/retry, by its namespace only,
-// brings it back and it is delivered once.
+// TestDeadEventRetried: with the provider down (for this namespace: it
+// drops every connection) an event backs off and ends dead after
+// MaxAttempts; once it is up, POST /outbox/{id}/retry, by its namespace
+// only, brings it back and it is delivered once.
 func TestDeadEventRetried(t *testing.T) {
 	for _, ledger := range []string{"memory", "postgres"} {
 		t.Run(ledger, func(t *testing.T) {
-			p := &downProvider{}
 			cfg := labConfig(func(c *app.Config) {
-				c.Provider, c.AdminToken = p, "admin-token-outbox"
+				c.AdminToken = "admin-token-outbox"
 				c.Relay.Interval, c.Relay.BaseBackoff, c.Relay.MaxBackoff, c.Relay.MaxAttempts = 5*time.Millisecond, time.Millisecond, 5*time.Millisecond, 3
 			})
 			if ledger == "postgres" {
@@ -71,6 +37,17 @@ func TestDeadEventRetried(t *testing.T) {
 			}
 			a := labtest.Start(t, cfg)
 			base := a.URL()
+			if err := a.Provider().SetFaults(t.Context(), "acme", provider.Faults{Down: true}); err != nil {
+				t.Fatal(err)
+			}
+			dropped := func() int64 {
+				t.Helper()
+				got, err := a.Provider().Stats(t.Context(), provider.Filter{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return got.ConnectionsDropped
+			}
 			auth := func(token string) http.Header { return http.Header{"Authorization": {"Bearer " + token}} }
 			view := func() outboxView {
 				t.Helper()
@@ -109,8 +86,8 @@ func TestDeadEventRetried(t *testing.T) {
 			}
 			v := waitFor("the event dead", func(v outboxView) bool { return v.Dead == 1 })
 			ev := v.Events[0]
-			if ev.State != lab.EventDead || ev.Attempts != 3 || ev.LastError == "" || v.Receipts != 0 || p.tries() != 3 {
-				t.Fatalf("dead event %+v, receipts %d, provider tries %d: want dead after 3 attempts", ev, v.Receipts, p.tries())
+			if ev.State != lab.EventDead || ev.Attempts != 3 || ev.LastError == "" || v.Receipts != 0 || dropped() != 3 {
+				t.Fatalf("dead event %+v, receipts %d, connections the provider dropped %d: want dead after 3 attempts", ev, v.Receipts, dropped())
 			}
 
 			retry(labtest.Globex, ev.ID, http.StatusNotFound, "event_not_found") // another namespace's
@@ -120,7 +97,9 @@ func TestDeadEventRetried(t *testing.T) {
 				t.Fatalf("a refused retry changed the event: %+v", v.Events[0])
 			}
 
-			p.bringUp(a.Books())
+			if err := a.Provider().ClearFaults(t.Context(), "acme"); err != nil {
+				t.Fatal(err)
+			}
 			r := retry(labtest.Acme, ev.ID, http.StatusOK, "")
 			got := labtest.Decode[struct {
 				Requeued lab.Event `json:"requeued"`

@@ -3,6 +3,7 @@
 //	lab [serve] [flags]   serve the lab (the default)
 //	lab matrix [flags]    run the breakage matrix and print it
 //	lab proxy [flags]     round-robin front for a cluster of replicas
+//	lab provider [flags]  the simulated payment provider, alone
 //	lab health [-url]     exit 0 when the URL answers 200 (container health check)
 //	lab help              list the subcommands
 package main
@@ -47,6 +48,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runMatrix(ctx, args, stdout, stderr)
 	case "proxy":
 		return runProxy(ctx, args, stderr)
+	case "provider":
+		return runProvider(ctx, args, stderr)
 	case "health":
 		return runHealth(ctx, args, stderr)
 	case "help", "-h", "--help":
@@ -61,6 +64,8 @@ const commands = `usage:
   lab matrix [flags]    run every store against every scenario and print the table
                         (-format table|markdown|json; -url to use a running lab)
   lab proxy [flags]     round-robin, health-checked front for several replicas
+  lab provider [flags]  the simulated payment provider alone (captures, receipts,
+                        faults, signed webhooks); point the lab at it with -provider-url
   lab health [-url U]   exit 0 when U answers 200 (container health check)
 `
 

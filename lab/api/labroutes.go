@@ -16,6 +16,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/tenants"
 )
 
@@ -317,10 +318,12 @@ func (s *Server) outbox(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	unique, deliveries, err := s.deps.Books.Receipts(ctx, who.view(), "")
+	// What was delivered is what the provider says it received.
+	got, err := s.deps.Provider.Stats(ctx, provider.Filter{Namespace: string(who.view())})
 	if err != nil {
-		return err
+		return fmt.Errorf("error reading the provider's records: %w", err)
 	}
+	unique, deliveries := got.Receipts, got.ReceiptDeliveries
 	if events == nil {
 		events = []lab.Event{}
 	}
@@ -342,9 +345,10 @@ func (s *Server) outbox(c echo.Context) error {
 		"events": events, "outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
 		"oldest_pending_ms": stats.OldestPendingAge.Milliseconds(), "receipts": unique, "deliveries": deliveries,
 		"duplicate_deliveries": deliveries - unique, "side_effect_transport": "outbox (unsafe sends directly)",
-		"outbox": rows, "delivered": delivered, "limit": limit,
+		"provider": got.Stats,
+		"outbox":   rows, "delivered": delivered, "limit": limit,
 		"outbox_total": stats.Pending + stats.Delivered + stats.Dead, "delivered_total": unique,
-		"note": "the outbox is written in the charge's transaction; the relay delivers each event at least once and the provider drops duplicates by event id",
+		"note": "the outbox is written in the charge's transaction; the relay delivers each event at least once: the capture keyed <charge id>:capture, the receipt deduplicated by event id at the provider",
 	})
 }
 

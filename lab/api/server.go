@@ -21,6 +21,8 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/web"
@@ -38,6 +40,7 @@ type Config struct {
 	FaultsEnabled bool          // accept the Lab-Fault header and fault= runs
 	DefaultStore  lab.StoreName // store of POST /charges without ?store=, and of /charge-idempotent
 	Window        time.Duration // dedupe window, reported by the lab routes
+	WebhookSecret []byte        // verifies the provider's webhook signatures
 	Clock         lab.Clock
 	Logger        *slog.Logger
 }
@@ -49,13 +52,18 @@ type Books interface {
 	Balance(ctx context.Context, tenant, account string) (int64, error)
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
-	Receipts(ctx context.Context, ns lab.Namespace, run string) (unique, deliveries int, err error)
 	// Requeue puts a namespace's dead or failed outbox event back to
 	// pending, due now with its attempts reset. It fails with
 	// lab.ErrEventNotFound, lab.ErrEventDelivered or lab.ErrEventInFlight.
 	Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error)
 	// Reset deletes the namespace's rows of the lab's own tables, and nothing else.
 	Reset(ctx context.Context, ns lab.Namespace) error
+	// ApplyWebhook processes one verified provider event (once per event
+	// id, in one transaction); lab.ErrUnknownCharge when the ledger does
+	// not hold its charge.
+	ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookResult, error)
+	// Payments lists a namespace's charges with their payment state.
+	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
 	Kind() string
 }
 
@@ -93,6 +101,19 @@ type Deps struct {
 	Checks      []Check
 	Runner      *experiment.Runner
 	Cluster     Cluster
+	// RelayCounts reads the outbox relay's deliveries by outcome; nil on a
+	// replica that runs no relay.
+	RelayCounts func() relay.Counts
+	// Provider is the payment provider, read for its own records.
+	Provider Provider
+}
+
+// Provider is what the lab routes read and reset of the payment provider:
+// its own records, the ground truth of what left the lab.
+type Provider interface {
+	Stats(ctx context.Context, f provider.Filter) (provider.StatsReport, error)
+	Captures(ctx context.Context, f provider.Filter) ([]provider.Capture, error)
+	Reset(ctx context.Context, ns string) error
 }
 
 // Server is one replica's HTTP server.
@@ -106,6 +127,8 @@ type Server struct {
 	mu   sync.Mutex
 	runs map[lab.Namespace][]experiment.Report // recent runs per namespace, newest last, bounded
 	slow map[lab.Namespace]int                 // slow attempts in flight, per namespace
+	// effects marks the namespaces running the effects matrix here.
+	effects map[lab.Namespace]bool
 }
 
 // Bounds on what one namespace may hold of a replica with slow faults.
@@ -120,11 +143,11 @@ const maxRunHistory = 100
 
 // New builds the server and its routes.
 func New(cfg Config, deps Deps) *Server {
-	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{},
+	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{}, effects: map[lab.Namespace]bool{},
 		runs: map[lab.Namespace][]experiment.Report{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.metrics = newMetrics(reg, deps.Books)
+	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts})
 
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
@@ -167,6 +190,9 @@ func New(cfg Config, deps Deps) *Server {
 	g.POST("/lab/restart-store", s.restartStore)
 	g.POST("/lab/join", s.join)
 	g.GET("/lab/matrix", s.matrix)
+	g.POST("/webhooks/provider", s.providerWebhook)
+	g.GET("/lab/reconcile", s.reconcileCheck)
+	g.GET("/lab/effects", s.effectsMatrix)
 	s.echo = e
 	return s
 }
@@ -334,8 +360,9 @@ func (s *Server) postCharge(c echo.Context) error {
 		Request: req, Fingerprint: req.Fingerprint(), Run: run, Replica: s.cfg.Replica,
 		Store: st.Name(), Faults: faults,
 	}
+	began := time.Now()
 	out, err := st.Charge(r.Context(), a)
-	s.metrics.observe(st.Name(), out, err)
+	s.metrics.observe(st.Name(), out, err, time.Since(began))
 	if err != nil {
 		if errors.Is(err, lab.ErrCrash) {
 			s.log.InfoContext(r.Context(), "injected crash: dropping the connection", "store", st.Name(), "fault", faults.Point)
@@ -403,6 +430,9 @@ func (s *Server) index(c echo.Context) error {
 			"GET " + base + "/diagnostics/summary",
 			"POST " + base + "/reset-lab",
 			"GET " + base + "/lab/matrix?format=json|markdown|table",
+			"GET " + base + "/lab/effects?format=json|markdown|table",
+			"GET " + base + "/lab/reconcile?run=",
+			"POST " + base + "/webhooks/provider (Provider-Signature)",
 			"GET " + base + "/health", "GET " + base + "/ready", "GET " + base + "/metrics",
 		},
 	})
@@ -552,15 +582,18 @@ func (s *Server) resetLab(c echo.Context) error {
 		if err := s.deps.Books.Reset(ctx, ns); err != nil {
 			return fmt.Errorf("error resetting the books: %w", err)
 		}
+		if err := s.deps.Provider.Reset(ctx, string(ns)); err != nil {
+			return fmt.Errorf("error resetting the provider's records: %w", err)
+		}
 		if s.deps.Cluster != nil {
 			if err := s.deps.Cluster.ResetPeers(ctx, c.Request().Header.Get("Authorization"), ns == ""); err != nil {
 				return err
 			}
 		}
 	}
-	what := "namespace " + string(ns) + ": its idempotency keys, ledger entries, outbox events, receipts and runs"
+	what := "namespace " + string(ns) + ": its idempotency keys, ledger entries, outbox events, webhooks, the provider's captures and receipts, and runs"
 	if ns == "" {
-		what = "every namespace: the lab's own idempotency keys, ledger entries, outbox events, receipts and runs"
+		what = "every namespace: the lab's own idempotency keys, ledger entries, outbox events, webhooks, the provider's captures and receipts, and runs"
 	}
 	return c.JSON(http.StatusOK, map[string]any{
 		"reset": true, "status": "reset", "namespace": string(ns),
@@ -622,4 +655,9 @@ func (s *Server) join(c echo.Context) error {
 		"token": id.Token, "tenant": id.Tenant, "namespace": id.Namespace, "second_tenant": id.Second().Tenant,
 		"note": "send Authorization: Bearer <token> with every request: charges, runs, faults, resets and reports then act on your namespace only",
 	})
+}
+
+// CountSwept records keys the sweeper removed from one of this replica's stores.
+func (s *Server) CountSwept(store lab.StoreName, n int) {
+	s.metrics.swept.WithLabelValues(string(store)).Add(float64(n))
 }

@@ -23,10 +23,12 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
+	"github.com/idempotency-lab/lab/lab/delivery"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/inmem"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/lab/tenants"
@@ -34,12 +36,10 @@ import (
 )
 
 // Books is the shared ground truth every part of the lab reads or writes:
-// the ledger and outbox, and the provider's receipts.
+// the ledger, the outbox and the payment states webhooks move.
 type Books interface {
 	lab.Ledger
-	lab.DirectSender
 	relay.Outbox
-	relay.Provider
 	api.Books
 	experiment.Books
 }
@@ -59,6 +59,11 @@ type App struct {
 	// unavailable says, per variant whose needs are not met, how to enable it.
 	unavailable map[lab.StoreName]string
 	redisWhere  string // "embedded …" or "at REDIS_URL"
+
+	secret         []byte           // signs and verifies the provider's webhooks
+	providerClient *provider.Client // the payment provider, over HTTP
+	effects        *delivery.Provider
+	relay          *relay.Relay
 
 	primary *replica
 	growing sync.Mutex // serialises starting in-process replicas; held during their I/O
@@ -127,28 +132,57 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 			a.public = tenants.Identity{Tenant: tenant, Namespace: lab.Namespace(tenant), Token: token}
 		}
 	}
-	var provider relay.Provider = a.books // the simulated provider
-	if cfg.Provider != nil {
-		provider = cfg.Provider
-	}
-	rcfg := relay.Config{Outbox: a.books, Provider: provider, Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay}
-	rl, err := relay.New(rcfg)
+	// The primary listens first: the provider's webhooks come back to it.
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", cfg.Addr)
 	if err != nil {
+		a.closeAll()
+		return nil, fmt.Errorf("error listening on %s: %w", cfg.Addr, err)
+	}
+	bgCtx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	if err := a.openProvider(ctx, bgCtx, selfURL(ln)+strings.TrimSuffix(cfg.BasePath, "/")+"/webhooks/provider"); err != nil {
+		_ = ln.Close()
+		a.stopBackground()
 		a.closeAll()
 		return nil, err
 	}
-
-	r, err := a.startReplica(ctx, cfg.Replica, cfg.Addr)
+	a.runner.Provider = a.providerClient
+	rl, err := relay.New(relay.Config{Outbox: a.books, Provider: a.effects, Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
 	if err != nil {
+		_ = ln.Close()
+		a.stopBackground()
+		a.closeAll()
+		return nil, err
+	}
+	a.relay = rl
+	r, err := a.startReplica(ctx, cfg.Replica, ln)
+	if err != nil {
+		_ = ln.Close()
+		a.stopBackground()
 		a.closeAll()
 		return nil, err
 	}
 	a.primary = r
-	bgCtx, cancel := context.WithCancel(context.Background())
-	a.cancel = cancel
 	a.bg.Go(func() { rl.Run(bgCtx) })
 	a.bg.Go(func() { a.sweep(bgCtx) })
 	return a, nil
+}
+
+// stopBackground stops the background workers and waits for them.
+func (a *App) stopBackground() {
+	a.cancel()
+	a.bg.Wait()
+}
+
+// selfURL is how this process reaches a listener of its own: on loopback
+// when it listens on every interface.
+func selfURL(ln net.Listener) string {
+	self := ln.Addr().(*net.TCPAddr)
+	if self.IP.IsUnspecified() {
+		self = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: self.Port}
+	}
+	return "http://" + self.String()
 }
 
 // missing says how to enable v when one of its needs is not configured.
@@ -170,6 +204,9 @@ func (a *App) URL() string { return a.primary.url + strings.TrimSuffix(a.cfg.Bas
 // Books exposes the ground truth, for tests and the matrix.
 func (a *App) Books() Books { return a.books }
 
+// Provider is the payment provider the lab delivers to, for tests and tools.
+func (a *App) Provider() *provider.Client { return a.providerClient }
+
 // Public is who acts in the public namespace (lab routes without a token).
 func (a *App) Public() tenants.Identity { return a.public }
 
@@ -186,9 +223,9 @@ func (a *App) addCloser(f func()) {
 	a.closers = append(a.closers, f)
 }
 
-func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, error) {
+func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*replica, error) {
 	deps := variant.Deps{
-		Ledger: a.books, Sender: a.books, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
+		Ledger: a.books, Sender: a.effects, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 		Window: a.cfg.Window, Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL,
 		RedisPrefix: a.cfg.RedisPrefix, RedisWhere: a.redisWhere, AppName: a.instance, ResetPools: a.resetPools,
 	}
@@ -224,26 +261,21 @@ func (a *App) startReplica(ctx context.Context, name, addr string) (*replica, er
 		}
 		stores[v.Name] = st
 	}
+	var relayCounts func() relay.Counts
+	if a.primary == nil { // the primary's metrics carry this process's relay
+		relayCounts = a.relay.Counts
+	}
 	srv := api.New(api.Config{
-		Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
+		WebhookSecret: a.secret, Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
-		Checks: a.checks, Runner: a.runner, Cluster: a})
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("error listening on %s: %w", addr, err)
-	}
-	self := ln.Addr().(*net.TCPAddr)
-	if !self.IP.IsLoopback() && a.cfg.AdminToken == "" {
+		Checks: a.checks, Runner: a.runner, Cluster: a, RelayCounts: relayCounts, Provider: a.providerClient})
+	if self := ln.Addr().(*net.TCPAddr); !self.IP.IsLoopback() && a.cfg.AdminToken == "" {
 		a.cfg.Logger.Warn("listening beyond this machine without an admin token: anyone who reaches "+self.String()+
 			" can reset the lab and run faults; set -admin-token (LAB_ADMIN_TOKEN)", "replica", name)
 	}
-	if self.IP.IsUnspecified() { // listening on every interface: reach ourselves on loopback
-		self = &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: self.Port}
-	}
 	r := &replica{
-		name: name, server: srv, stores: stores, url: "http://" + self.String(), served: make(chan error, 1),
+		name: name, server: srv, stores: stores, url: selfURL(ln), served: make(chan error, 1),
 		http: &http.Server{
 			Handler: srv.Handler(), ReadHeaderTimeout: min(a.cfg.ReadTimeout, 5*time.Second), ReadTimeout: a.cfg.ReadTimeout,
 			WriteTimeout: a.cfg.WriteTimeout, IdleTimeout: a.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
@@ -274,8 +306,14 @@ func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
 	a.growing.Lock()
 	defer a.growing.Unlock()
 	for have := len(a.replicas()) - 1; have < n-1; have++ {
-		r, err := a.startReplica(ctx, fmt.Sprintf("r%d", have+2), "127.0.0.1:0")
+		var lc net.ListenConfig
+		ln, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 		if err != nil {
+			return nil, fmt.Errorf("error listening for a replica: %w", err)
+		}
+		r, err := a.startReplica(ctx, fmt.Sprintf("r%d", have+2), ln)
+		if err != nil {
+			_ = ln.Close()
 			return nil, err
 		}
 		a.mu.Lock()
@@ -363,6 +401,7 @@ func (a *App) sweep(ctx context.Context) {
 				if err != nil {
 					a.cfg.Logger.Warn("sweep failed", "replica", r.name, "store", name, "err", err)
 				} else if n > 0 {
+					r.server.CountSwept(name, n)
 					a.cfg.Logger.Info("swept expired keys", "replica", r.name, "store", name, "evicted", n)
 				}
 			}
@@ -378,8 +417,7 @@ func (a *App) Close(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("error shutting down %s: %w", r.name, err))
 		}
 	}
-	a.cancel()
-	a.bg.Wait()
+	a.stopBackground()
 	a.client.CloseIdleConnections()
 	a.closeAll()
 	return errors.Join(errs...)

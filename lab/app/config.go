@@ -94,9 +94,21 @@ type Config struct {
 	// Relay tunes the outbox relay: its workers, lease, batch, attempts and
 	// backoff. Default relay.Defaults().
 	Relay relay.Settings
-	// Provider receives what the relay delivers. Default none: the lab's
-	// simulated provider, which records receipts in the books.
-	Provider relay.Provider
+	// ProviderURL is the payment provider the relay delivers captures and
+	// receipts to, such as a `lab provider` process. Default none: the lab
+	// runs its own provider on ProviderAddr.
+	ProviderURL string
+	// ProviderAddr is where the lab's own provider listens when ProviderURL
+	// is unset. Default 127.0.0.1:0 (a free loopback port).
+	ProviderAddr string
+	// ProviderTimeout bounds one call to the provider: a response the
+	// provider withholds shows as this timeout. Default 2s.
+	ProviderTimeout time.Duration
+	// WebhookSecret signs (the lab's own provider) and verifies (the lab)
+	// the provider's webhooks. Default none: a random one per process,
+	// which only works with the lab's own provider; with ProviderURL it is
+	// required and must be the provider's.
+	WebhookSecret string
 	// Clock tells the time to every service. Default time.Now.
 	Clock lab.Clock
 	// Logger receives the lab's logs. Default: discarded.
@@ -106,29 +118,31 @@ type Config struct {
 // DefaultConfig returns the lab's defaults, with no variants.
 func DefaultConfig() Config {
 	return Config{
-		Addr:          "127.0.0.1:8616",
-		ReadTimeout:   10 * time.Second,
-		WriteTimeout:  5 * time.Minute,
-		IdleTimeout:   time.Minute,
-		Tenants:       map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"},
-		FaultsEnabled: true,
-		PublicTenant:  "acme",
-		MaxAttendees:  200,
-		DefaultStore:  "memory",
-		Window:        24 * time.Hour,
-		InFlightWait:  2 * time.Second,
-		ClaimTTL:      30 * time.Second,
-		SweepInterval: time.Minute,
-		MaxReplicas:   8,
-		Replica:       "r1",
-		PGSchema:      "idempotency_lab",
-		PGPoolSize:    20,
-		EmbedPostgres: true,
-		RedisPrefix:   "idempotency-lab:",
-		EmbedRedis:    true,
-		Relay:         relay.Defaults().Settings,
-		Clock:         time.Now,
-		Logger:        slog.New(slog.DiscardHandler),
+		Addr:            "127.0.0.1:8616",
+		ReadTimeout:     10 * time.Second,
+		WriteTimeout:    5 * time.Minute,
+		IdleTimeout:     time.Minute,
+		Tenants:         map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"},
+		FaultsEnabled:   true,
+		PublicTenant:    "acme",
+		MaxAttendees:    200,
+		DefaultStore:    "memory",
+		Window:          24 * time.Hour,
+		InFlightWait:    2 * time.Second,
+		ClaimTTL:        30 * time.Second,
+		SweepInterval:   time.Minute,
+		MaxReplicas:     8,
+		Replica:         "r1",
+		PGSchema:        "idempotency_lab",
+		PGPoolSize:      20,
+		EmbedPostgres:   true,
+		RedisPrefix:     "idempotency-lab:",
+		EmbedRedis:      true,
+		Relay:           relay.Defaults().Settings,
+		ProviderAddr:    "127.0.0.1:0",
+		ProviderTimeout: 2 * time.Second,
+		Clock:           time.Now,
+		Logger:          slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -201,6 +215,19 @@ func (c Config) Validate() error {
 	}
 	if len(c.Variants) == 0 {
 		bad("no variants: the lab needs at least one design to offer")
+	}
+	if c.ProviderURL != "" {
+		if u, err := url.Parse(c.ProviderURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad("provider URL %q must be an http(s) base URL", c.ProviderURL)
+		}
+		if c.WebhookSecret == "" {
+			bad("an external provider (provider URL) signs its webhooks with a shared secret: set the webhook secret to the provider's")
+		}
+	} else if c.ProviderAddr == "" {
+		bad("provider addr is required when no provider URL is given (e.g. 127.0.0.1:0)")
+	}
+	if c.ProviderTimeout <= 0 {
+		bad("provider timeout must be a positive duration (got %s)", c.ProviderTimeout)
 	}
 	if c.Clock == nil || c.Logger == nil {
 		bad("clock and logger are required")

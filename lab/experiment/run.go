@@ -15,6 +15,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/reconcile"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
 
@@ -51,6 +53,9 @@ type Books interface {
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
+	// Payments lists a namespace's charges with their payment state.
+	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
+	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
 }
 
 // Runner sends runs to real servers and reads their outcome from the books.
@@ -59,8 +64,18 @@ type Books interface {
 type Runner struct {
 	Client   *http.Client
 	Books    Books
+	Provider Provider
 	Variants *variant.Registry
 	Now      lab.Clock
+}
+
+// Provider is what a run reads of the payment provider: its own records of
+// what the run's effects did there.
+type Provider interface {
+	Stats(ctx context.Context, f provider.Filter) (provider.StatsReport, error)
+	Captures(ctx context.Context, f provider.Filter) ([]provider.Capture, error)
+	SetFaults(ctx context.Context, ns string, f provider.Faults) error
+	ClearFaults(ctx context.Context, ns string) error
 }
 
 // Report is one run's row: the ledger's figures, the verdict and why.
@@ -90,23 +105,34 @@ type Report struct {
 	RunChargedCents     int64          `json:"run_charged_cents"`     // what this run charged, from the ledger rows it added
 	OverchargedCents    int64          `json:"overcharged_cents"`
 	SideEffectsEmitted  int            `json:"side_effects_emitted"`
-	SideEffectTransport string         `json:"side_effect_transport"`
-	ReceiptsMissing     int            `json:"receipts_missing"`
-	OutboxPending       int            `json:"outbox_pending"`
-	OutboxDelivered     int            `json:"outbox_delivered"`
-	KeyBefore           string         `json:"key_before"` // what the store held for the key when the run began
-	KeyAfterFault       string         `json:"key_after_fault,omitempty"`
-	LookupOverheadMS    float64        `json:"lookup_overhead_ms"`
-	DedupeWindowMS      int64          `json:"dedupe_window_ms,omitempty"`
-	BarrierSpreadMS     float64        `json:"barrier_spread_ms"`
-	WallMS              float64        `json:"wall_ms"`
-	Verdict             lab.Verdict    `json:"verdict"`
-	ExpectedVerdict     lab.Verdict    `json:"expected_verdict"`
-	Reason              string         `json:"reason"`
-	Explanation         string         `json:"explanation"`
-	Note                string         `json:"note"`
-	Timeline            []Result       `json:"timeline"`
-	StartedAt           time.Time      `json:"started_at"`
+	// What the provider recorded of the run, from its own records.
+	ProviderCaptures     int `json:"provider_captures"`      // captures applied
+	ProviderCaptureCalls int `json:"provider_capture_calls"` // capture requests that reached it
+	ProviderReceipts     int `json:"provider_receipts"`      // distinct receipts
+	ChargesCapturedTwice int `json:"charges_captured_twice"` // charges the provider captured more than once
+	// CapturesWithoutCharge are captures of charges the ledger does not
+	// hold: sent, then rolled back.
+	CapturesWithoutCharge int `json:"captures_without_charge"`
+	// ChargesNeverCaptured are charges whose effects were given up (or,
+	// sent directly, lost) and never reached the provider.
+	ChargesNeverCaptured int         `json:"charges_never_captured"`
+	SideEffectTransport  string      `json:"side_effect_transport"`
+	ReceiptsMissing      int         `json:"receipts_missing"`
+	OutboxPending        int         `json:"outbox_pending"`
+	OutboxDelivered      int         `json:"outbox_delivered"`
+	KeyBefore            string      `json:"key_before"` // what the store held for the key when the run began
+	KeyAfterFault        string      `json:"key_after_fault,omitempty"`
+	LookupOverheadMS     float64     `json:"lookup_overhead_ms"`
+	DedupeWindowMS       int64       `json:"dedupe_window_ms,omitempty"`
+	BarrierSpreadMS      float64     `json:"barrier_spread_ms"`
+	WallMS               float64     `json:"wall_ms"`
+	Verdict              lab.Verdict `json:"verdict"`
+	ExpectedVerdict      lab.Verdict `json:"expected_verdict"`
+	Reason               string      `json:"reason"`
+	Explanation          string      `json:"explanation"`
+	Note                 string      `json:"note"`
+	Timeline             []Result    `json:"timeline"`
+	StartedAt            time.Time   `json:"started_at"`
 }
 
 // Run executes spec against targets (one base URL per replica; attempts go
@@ -313,7 +339,7 @@ func (r *Runner) awaitDelivery(ctx context.Context, run string) (lab.RunStats, e
 		if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, run); return err }); err != nil {
 			return stats, err
 		}
-		if stats.Delivered >= stats.OutboxEvents || time.Now().After(deadline) {
+		if stats.Delivered+stats.Dead >= stats.OutboxEvents || time.Now().After(deadline) {
 			return stats, nil
 		}
 		if err := lab.Sleep(ctx, 20*time.Millisecond); err != nil {
@@ -387,7 +413,16 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.KeyCharges = after.charges()
 	rep.DuplicatesApplied = added(before, after)
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
-	rep.SideEffectsEmitted = stats.OutboxEvents + stats.DirectSends
+	var got provider.StatsReport
+	if err := reread(ctx, func() (err error) { got, err = r.Provider.Stats(ctx, provider.Filter{Run: rep.RunID}); return err }); err != nil {
+		return fmt.Errorf("error reading the provider's records: %w", err)
+	}
+	rep.ProviderCaptures, rep.ProviderCaptureCalls = got.CapturesApplied, got.CaptureRequests
+	rep.ProviderReceipts, rep.ChargesCapturedTwice = got.Receipts, got.ChargesCapturedTwice
+	rep.SideEffectsEmitted = stats.OutboxEvents + got.DirectCaptures
+	if err := r.reconcile(ctx, lab.NamespaceOf(tenants[0]), rep); err != nil {
+		return err
+	}
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
 	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
 		return fmt.Errorf("error reading the balance: %w", err)
@@ -521,4 +556,36 @@ func problemCode(body []byte) string {
 	}
 	_ = json.Unmarshal(body, &p)
 	return p.Code
+}
+
+// runLimit bounds the charges and captures one run's reconciliation reads:
+// more than any run makes.
+const runLimit = 1000
+
+// reconcile compares the run's charges with the provider's captures.
+func (r *Runner) reconcile(ctx context.Context, ns lab.Namespace, rep *Report) error {
+	var (
+		payments []lab.Payment
+		captures []provider.Capture
+	)
+	err := reread(ctx, func() (err error) { payments, err = r.Books.Payments(ctx, ns, rep.RunID, runLimit); return err })
+	if err != nil {
+		return fmt.Errorf("error reading the run's charges: %w", err)
+	}
+	err = reread(ctx, func() (err error) {
+		captures, err = r.Provider.Captures(ctx, provider.Filter{Run: rep.RunID, Limit: runLimit})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("error reading the provider's captures: %w", err)
+	}
+	for _, f := range reconcile.Compare(payments, captures, false).Findings {
+		switch f.Problem {
+		case reconcile.NotInLedger:
+			rep.CapturesWithoutCharge++
+		case reconcile.NeverCaptured:
+			rep.ChargesNeverCaptured++
+		}
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
 
@@ -48,7 +49,7 @@ func TestUnansweredRunIsInconclusive(t *testing.T) {
 	defer srv.Close()
 	client := &http.Client{}
 	defer client.CloseIdleConnections()
-	r := &experiment.Runner{Client: client, Books: books, Variants: keyed(t), Now: time.Now}
+	r := &experiment.Runner{Client: client, Books: books, Provider: labtest.Provider(t), Variants: keyed(t), Now: time.Now}
 	rep, err := r.Run(context.Background(), experiment.Spec{
 		Store: "keyed", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Tenant: "acme", Token: "tok",
 	}, []string{srv.URL})

@@ -1,4 +1,4 @@
-// Package inmem keeps the lab's books (ledger, outbox, provider receipts) in
+// Package inmem keeps the lab's books (ledger, outbox, payment states) in
 // process memory: the ground truth when no PostgreSQL is configured.
 package inmem
 
@@ -13,7 +13,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// Books keeps the ledger, the outbox and the provider's receipts in process
+// Books keeps the ledger, the outbox and the payment states in process
 // memory: the ground truth when no PostgreSQL is configured. One mutex makes
 // a charge and its event one atomic step.
 type Books struct {
@@ -25,14 +25,14 @@ type Books struct {
 	balances map[string]int64      // tenant|account -> cents
 	events   []*lab.Event
 	byID     map[string]*lab.Event
-	receipts map[string]*receipt
+	payments map[string]string       // charge id -> payment state
+	webhooks map[string]webhookEvent // processed provider event ids
 }
 
-type receipt struct {
-	namespace  lab.Namespace
-	run        string
-	direct     bool
-	deliveries int
+// webhookEvent is one processed provider event.
+type webhookEvent struct {
+	chargeID string
+	tenant   string
 }
 
 // NewBooks returns empty in-memory books telling time by now.
@@ -49,13 +49,14 @@ func (b *Books) clear() {
 	b.balances = map[string]int64{}
 	b.events = nil
 	b.byID = map[string]*lab.Event{}
-	b.receipts = map[string]*receipt{}
+	b.payments = map[string]string{}
+	b.webhooks = map[string]webhookEvent{}
 }
 
 // Kind names the backend.
 func (b *Books) Kind() string { return "memory" }
 
-// Reset forgets a namespace's charges, events and receipts ("" for all).
+// Reset forgets a namespace's charges, events and webhooks ("" for all).
 func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -72,6 +73,7 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 			delete(b.orders, e.Tenant+"|"+e.OrderID)
 		}
 		delete(b.balances, e.Tenant+"|"+e.Account)
+		delete(b.payments, e.ChargeID)
 		return true
 	})
 	b.events = slices.DeleteFunc(b.events, func(ev *lab.Event) bool {
@@ -81,9 +83,9 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 		delete(b.byID, ev.ID)
 		return true
 	})
-	for id, r := range b.receipts {
-		if r.namespace == ns {
-			delete(b.receipts, id)
+	for id, w := range b.webhooks {
+		if ns.Owns(w.tenant) {
+			delete(b.webhooks, id)
 		}
 	}
 	return nil
@@ -111,6 +113,7 @@ func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 	}
 	acct := e.Tenant + "|" + e.Account
 	b.balances[acct] += e.AmountCents
+	b.payments[e.ChargeID] = lab.PaymentPending
 	if a.Event != nil {
 		ev := *a.Event
 		b.events = append(b.events, &ev)
@@ -138,14 +141,12 @@ func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
 	for _, ev := range b.events {
 		if ev.Run == run {
 			s.OutboxEvents++
-			if ev.State == lab.EventDelivered {
+			switch ev.State {
+			case lab.EventDelivered:
 				s.Delivered++
+			case lab.EventDead:
+				s.Dead++
 			}
-		}
-	}
-	for _, r := range b.receipts {
-		if r.run == run && r.direct {
-			s.DirectSends++
 		}
 	}
 	return s, nil
@@ -342,43 +343,4 @@ func (b *Books) OutboxStats(_ context.Context, ns lab.Namespace) (lab.OutboxStat
 		}
 	}
 	return s, nil
-}
-
-// Deliver records a receipt the relay delivered at the simulated provider,
-// deduplicated by event id, and reports whether it was a duplicate.
-func (b *Books) Deliver(_ context.Context, e lab.Event) (bool, error) {
-	return b.receive(e, false), nil
-}
-
-// SendDirect records a receipt sent outside any transaction.
-func (b *Books) SendDirect(_ context.Context, e lab.Event) error {
-	b.receive(e, true)
-	return nil
-}
-
-func (b *Books) receive(e lab.Event, direct bool) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	r := b.receipts[e.ID]
-	if r != nil {
-		r.deliveries++
-		return true
-	}
-	b.receipts[e.ID] = &receipt{namespace: lab.NamespaceOf(e.Tenant), run: e.Run, direct: direct, deliveries: 1}
-	return false
-}
-
-// Receipts counts the distinct receipts and deliveries of a namespace and
-// a run ("" for every namespace, every run).
-func (b *Books) Receipts(_ context.Context, ns lab.Namespace, run string) (int, int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	unique, deliveries := 0, 0
-	for _, r := range b.receipts {
-		if (run == "" || r.run == run) && (ns == "" || r.namespace == ns) {
-			unique++
-			deliveries += r.deliveries
-		}
-	}
-	return unique, deliveries, nil
 }

@@ -13,8 +13,8 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// Books keeps the ledger, the outbox and the provider's receipts in
-// PostgreSQL, shared by every replica and every store.
+// Books keeps the ledger, the outbox and the payment states in PostgreSQL,
+// shared by every replica and every store.
 type Books struct {
 	pool *pgxpool.Pool
 	now  lab.Clock // outbox schedules and ages use the lab's clock, not the server's
@@ -123,8 +123,8 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'delivered'),
-		       (SELECT count(*) FROM provider_receipts WHERE run_id = $1 AND direct)`, run).
-		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.Delivered, &s.DirectSends)
+		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'dead')`, run).
+		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.Delivered, &s.Dead)
 	if err != nil {
 		return s, fmt.Errorf("error reading run stats: %w", err)
 	}
@@ -326,54 +326,18 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 	return s, nil
 }
 
-// Deliver records a receipt the relay delivered at the simulated provider,
-// deduplicated by event id, and reports whether it was a duplicate.
-func (b *Books) Deliver(ctx context.Context, e lab.Event) (bool, error) {
-	return b.receive(ctx, e, false)
-}
-
-// SendDirect records a receipt sent outside any transaction.
-func (b *Books) SendDirect(ctx context.Context, e lab.Event) error {
-	_, err := b.receive(ctx, e, true)
-	return err
-}
-
-func (b *Books) receive(ctx context.Context, e lab.Event, direct bool) (bool, error) {
-	var deliveries int
-	err := b.pool.QueryRow(ctx, `
-		INSERT INTO provider_receipts (event_id, run_id, direct, first_received_at, last_received_at, namespace) VALUES ($1::uuid, $2, $3, $4, $4, $5)
-		ON CONFLICT (event_id) DO UPDATE SET deliveries = provider_receipts.deliveries + 1, last_received_at = EXCLUDED.last_received_at
-		RETURNING deliveries`, e.ID, e.Run, direct, b.now(), string(lab.NamespaceOf(e.Tenant))).Scan(&deliveries)
-	if err != nil {
-		return false, fmt.Errorf("error recording receipt: %w", err)
-	}
-	return deliveries > 1, nil
-}
-
-// Receipts counts distinct receipts and deliveries of a namespace and a run
-// ("" for every namespace, every run).
-func (b *Books) Receipts(ctx context.Context, ns lab.Namespace, run string) (int, int, error) {
-	var unique, deliveries int
-	err := b.pool.QueryRow(ctx, `SELECT count(*), coalesce(sum(deliveries), 0)::int FROM provider_receipts
-		WHERE ($1 = '' OR run_id = $1) AND ($2 = '' OR namespace = $2)`, run, string(ns)).Scan(&unique, &deliveries)
-	if err != nil {
-		return 0, 0, fmt.Errorf("error counting receipts: %w", err)
-	}
-	return unique, deliveries, nil
-}
-
 // Reset deletes a namespace's rows from the lab's own tables ("" empties
 // them, for the admin), and nothing else.
 func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	if ns == "" {
-		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, provider_receipts, idempotency_requests, account_balances`); err != nil {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, idempotency_requests, account_balances`); err != nil {
 			return fmt.Errorf("error truncating the lab's tables: %w", err)
 		}
 		return nil
 	}
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for _, q := range []string{
-			`DELETE FROM provider_receipts WHERE namespace = $1`,
+			`DELETE FROM webhook_events WHERE namespace = $1`,
 			`DELETE FROM outbox WHERE namespace = $1`,
 			`DELETE FROM charges WHERE namespace = $1`,
 			`DELETE FROM idempotency_requests WHERE namespace = $1`,

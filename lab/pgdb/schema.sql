@@ -69,16 +69,8 @@ CREATE INDEX IF NOT EXISTS outbox_due ON outbox (next_attempt_at) WHERE state = 
 CREATE INDEX IF NOT EXISTS outbox_run ON outbox (run_id);
 CREATE INDEX IF NOT EXISTS outbox_charge ON outbox (charge_id);
 
--- What the simulated provider received, deduplicated by event id.
-CREATE TABLE IF NOT EXISTS provider_receipts (
-    event_id          uuid        PRIMARY KEY,
-    run_id            text        NOT NULL DEFAULT '',
-    direct            boolean     NOT NULL,
-    deliveries        integer     NOT NULL DEFAULT 1,
-    first_received_at timestamptz NOT NULL DEFAULT now(),
-    last_received_at  timestamptz NOT NULL DEFAULT now()
-);
-CREATE INDEX IF NOT EXISTS provider_receipts_run ON provider_receipts (run_id);
+-- The provider's receipts moved to the provider's own records (provider.sql).
+DROP TABLE IF EXISTS provider_receipts;
 
 -- Namespaces: the part of the lab each attendee owns (a tenant and its
 -- second tenant, named tenant~2). Derived from the tenant, so no writer
@@ -93,8 +85,6 @@ CREATE INDEX IF NOT EXISTS outbox_namespace ON outbox (namespace, created_at DES
 -- the holder of the token may complete the event.
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS claim_token uuid;
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS lease_expires_at timestamptz;
-ALTER TABLE provider_receipts ADD COLUMN IF NOT EXISTS namespace text NOT NULL DEFAULT '';
-CREATE INDEX IF NOT EXISTS provider_receipts_namespace ON provider_receipts (namespace);
 
 -- Tenants that joined the lab: only the SHA-256 of their token is kept.
 CREATE TABLE IF NOT EXISTS lab_tenants (
@@ -102,3 +92,21 @@ CREATE TABLE IF NOT EXISTS lab_tenants (
     tenant_id    text        NOT NULL,
     joined_at    timestamptz NOT NULL DEFAULT now()
 );
+
+-- The payment's state, moved only by verified provider webhooks (pending →
+-- succeeded | failed, never back), and the webhooks processed, one row per
+-- provider event id: the unique key that makes a redelivery change nothing.
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS payment_state text NOT NULL DEFAULT 'pending'
+    CHECK (payment_state IN ('pending', 'succeeded', 'failed'));
+CREATE TABLE IF NOT EXISTS webhook_events (
+    event_id     text        PRIMARY KEY,
+    event_type   text        NOT NULL,
+    charge_id    text        NOT NULL,
+    tenant_id    text        NOT NULL,
+    namespace    text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED,
+    state_before text        NOT NULL,
+    state_after  text        NOT NULL,
+    received_at  timestamptz NOT NULL
+);
+CREATE INDEX IF NOT EXISTS webhook_events_charge ON webhook_events (charge_id);
+CREATE INDEX IF NOT EXISTS webhook_events_namespace ON webhook_events (namespace);

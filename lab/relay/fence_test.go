@@ -12,7 +12,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/relay"
 )
 
-// counting passes deliveries to the books and records, per event id, how
+// counting passes deliveries to the provider and records, per event id, how
 // many it made and whether two of them were ever in flight at once.
 type counting struct {
 	relay.Provider
@@ -71,9 +71,10 @@ func TestLateWorkerIsFenced(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			ctx := t.Context()
 			ev := charge(t, b, c, "k-late")
-			rec := newCounting(b)
+			rec := newCounting(rcv)
 			stall := &stalling{Provider: rec, delivered: make(chan lab.Event, 1), release: make(chan struct{})}
 			late, other := newRelay(t, b, stall, c, 8), newRelay(t, b, rec, c, 8)
 
@@ -129,8 +130,12 @@ func TestLateWorkerIsFenced(t *testing.T) {
 			if n := rec.count(ev.ID); n != 2 {
 				t.Fatalf("%d deliveries, want 2", n)
 			}
-			if unique, deliveries, _ := b.Receipts(ctx, "", "run-relay"); unique != 1 || deliveries != 2 {
+			if unique, deliveries, _ := rcv.receipts(ctx, "run-relay"); unique != 1 || deliveries != 2 {
 				t.Fatalf("receipts %d, deliveries %d; want 1 and 2", unique, deliveries)
+			}
+			// The redelivery was a replay at the provider: its capture key is derived from the charge.
+			if applied, requests, _ := rcv.captures(ctx, "run-relay"); applied != 1 || requests != 2 {
+				t.Fatalf("captures %d from %d requests; want 1 capture replayed once", applied, requests)
 			}
 		})
 	}
@@ -187,10 +192,11 @@ func TestRelaysShareOneOutbox(t *testing.T) {
 	const events = 200
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			for i := range events {
 				charge(t, b, c, fmt.Sprintf("k-share-%d", i))
 			}
-			rec := newCounting(b)
+			rec := newCounting(rcv)
 			ctx, cancel := context.WithCancel(t.Context())
 			var wg sync.WaitGroup
 			relays := make([]*relay.Relay, 3)
@@ -233,8 +239,15 @@ func TestRelaysShareOneOutbox(t *testing.T) {
 				}
 			}
 			s, _ := b.OutboxStats(t.Context(), "")
-			if unique, deliveries, _ := b.Receipts(t.Context(), "", "run-relay"); s.Pending != 0 || s.Dead != 0 || unique != events || deliveries != events {
+			if unique, deliveries, _ := rcv.receipts(t.Context(), "run-relay"); s.Pending != 0 || s.Dead != 0 || unique != events || deliveries != events {
 				t.Fatalf("stats %+v, receipts %d, deliveries %d; want every event delivered once", s, unique, deliveries)
+			}
+			// The provider's own count of requests that overlapped one still in flight.
+			if n := rcv.provider.Counters().InFlightOverlaps; n != 0 {
+				t.Fatalf("the provider saw %d overlapping deliveries", n)
+			}
+			if applied, requests, _ := rcv.captures(t.Context(), "run-relay"); applied != events || requests != events {
+				t.Fatalf("captures %d from %d requests; want %d, once each", applied, requests, events)
 			}
 		})
 	}
@@ -247,9 +260,10 @@ func TestRequeue(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			ctx := t.Context()
 			ev := charge(t, b, c, "k-requeue")
-			p := &flaky{Provider: b}
+			p := &flaky{Provider: rcv}
 			p.failures.Store(2)
 			r := newRelay(t, b, p, c, 2)
 			for range 2 {
@@ -289,7 +303,7 @@ func TestRequeue(t *testing.T) {
 			if _, err := b.Requeue(ctx, "acme", ev.ID); !errors.Is(err, lab.ErrEventDelivered) {
 				t.Fatalf("requeue of a delivered event: %v", err)
 			}
-			if unique, deliveries, _ := b.Receipts(ctx, "", "run-relay"); unique != 1 || deliveries != 1 {
+			if unique, deliveries, _ := rcv.receipts(ctx, "run-relay"); unique != 1 || deliveries != 1 {
 				t.Fatalf("receipts %d, deliveries %d", unique, deliveries)
 			}
 		})
@@ -302,9 +316,10 @@ func TestBackoffIsCappedWithJitter(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			ctx := t.Context()
 			charge(t, b, c, "k-backoff")
-			p := &flaky{Provider: b}
+			p := &flaky{Provider: rcv}
 			p.failures.Store(1000)
 			cfg := relay.Defaults()
 			cfg.MaxAttempts, cfg.BaseBackoff, cfg.MaxBackoff = 20, 100*time.Millisecond, time.Second

@@ -81,8 +81,9 @@ func Defaults() Config {
 // at construction, so Tick and Run may overlap, and several relays may share
 // one outbox.
 type Relay struct {
-	cfg    Config
-	fenced atomic.Int64
+	cfg                     Config
+	delivered, failed, dead atomic.Int64
+	fenced                  atomic.Int64
 }
 
 // New checks cfg and returns a relay.
@@ -99,6 +100,19 @@ func New(cfg Config) (*Relay, error) {
 // Fenced counts the completions the outbox refused because the worker's
 // claim had been superseded: deliveries another worker repeated.
 func (r *Relay) Fenced() int64 { return r.fenced.Load() }
+
+// Counts are a relay's delivery attempts by outcome.
+type Counts struct {
+	Delivered int64 // delivered and completed
+	Failed    int64 // failed, to be tried again
+	Dead      int64 // failed for the last time
+	Fenced    int64 // completions refused: the claim was superseded
+}
+
+// Counts reports the relay's delivery attempts so far, by outcome.
+func (r *Relay) Counts() Counts {
+	return Counts{Delivered: r.delivered.Load(), Failed: r.failed.Load(), Dead: r.dead.Load(), Fenced: r.fenced.Load()}
+}
 
 // Run delivers with cfg.Workers workers until ctx is cancelled.
 func (r *Relay) Run(ctx context.Context) {
@@ -170,6 +184,12 @@ func (r *Relay) deliver(ctx context.Context, ev lab.Event) (bool, error) {
 		// delivered again when the lease ends, which the provider
 		// deduplicates by event id.
 		return false, fmt.Errorf("error marking event delivered: %w", err)
+	case derr == nil:
+		r.delivered.Add(1)
+	case ev.Attempts >= r.cfg.MaxAttempts:
+		r.dead.Add(1)
+	default:
+		r.failed.Add(1)
 	}
 	return derr == nil, nil
 }

@@ -19,10 +19,8 @@ import (
 type books interface {
 	lab.Ledger
 	relay.Outbox
-	relay.Provider
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
-	Receipts(ctx context.Context, ns lab.Namespace, run string) (int, int, error)
 	Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error)
 }
 
@@ -75,7 +73,7 @@ func charge(t *testing.T, b books, c *labtest.Clock, key string) lab.Event {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 100, Currency: "USD"}
 	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: "memory", Run: "run-relay"}
 	e := lab.NewEntry(a, c.Now())
-	ev := lab.NewReceiptEvent(e)
+	ev := lab.NewReceiptEvent(e, lab.Faults{})
 	if _, err := b.Apply(context.Background(), lab.Apply{Entry: e, Event: ev}); err != nil {
 		t.Fatal(err)
 	}
@@ -86,9 +84,10 @@ func TestRelayRetriesThenDelivers(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			ctx := t.Context()
 			charge(t, b, c, "k1")
-			p := &flaky{Provider: b}
+			p := &flaky{Provider: rcv}
 			p.failures.Store(2)
 			r := newRelay(t, b, p, c, 8)
 			for tick := range 3 {
@@ -109,7 +108,7 @@ func TestRelayRetriesThenDelivers(t *testing.T) {
 			if len(evs) != 1 || evs[0].Attempts != 3 || evs[0].State != lab.EventDelivered {
 				t.Fatalf("events %+v, want one delivered on its third attempt", evs)
 			}
-			if unique, deliveries, _ := b.Receipts(ctx, "", "run-relay"); unique != 1 || deliveries != 1 {
+			if unique, deliveries, _ := rcv.receipts(ctx, "run-relay"); unique != 1 || deliveries != 1 {
 				t.Fatalf("receipts %d, deliveries %d", unique, deliveries)
 			}
 		})
@@ -120,9 +119,10 @@ func TestRelayGivesUpVisibly(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			ctx := t.Context()
 			charge(t, b, c, "k-dead")
-			p := &flaky{Provider: b}
+			p := &flaky{Provider: rcv}
 			p.failures.Store(1000)
 			r := newRelay(t, b, p, c, 3)
 			for range 3 {
@@ -149,14 +149,15 @@ func TestProviderDeduplicates(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
+			rcv := newReceiver(t)
 			ev := charge(t, b, c, "k-dup")
 			for i, wantDup := range []bool{false, true, true} {
-				dup, err := b.Deliver(t.Context(), ev)
+				dup, err := rcv.Deliver(t.Context(), ev)
 				if err != nil || dup != wantDup {
 					t.Fatalf("delivery %d: duplicate=%v err=%v", i+1, dup, err)
 				}
 			}
-			if unique, deliveries, _ := b.Receipts(t.Context(), "", "run-relay"); unique != 1 || deliveries != 3 {
+			if unique, deliveries, _ := rcv.receipts(t.Context(), "run-relay"); unique != 1 || deliveries != 3 {
 				t.Fatalf("receipts %d, deliveries %d; want 1 and 3", unique, deliveries)
 			}
 		})
@@ -166,7 +167,7 @@ func TestProviderDeduplicates(t *testing.T) {
 func TestRunStopsOnCancel(t *testing.T) {
 	c := labtest.NewClock(time.Now())
 	b := inmem.NewBooks(c.Now)
-	r := newRelay(t, b, b, c, 8)
+	r := newRelay(t, b, newReceiver(t), c, 8)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
@@ -198,7 +199,7 @@ func TestNewRejectsBadSettings(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := relay.Defaults()
-			cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, b, c.Now, slog.New(slog.DiscardHandler)
+			cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, newReceiver(t), c.Now, slog.New(slog.DiscardHandler)
 			mutate(&cfg)
 			if _, err := relay.New(cfg); err == nil {
 				t.Fatal("accepted")

@@ -32,7 +32,6 @@ type tb interface {
 // books are the ground truth a store charges, and what the tests read back.
 type books interface {
 	lab.Ledger
-	lab.DirectSender
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 }
 
@@ -163,6 +162,14 @@ type env struct {
 	clock *labtest.Clock // the stores' clock
 }
 
+// outboxOnly refuses direct sends: a keyed design's effects leave through
+// the outbox, written with its charge.
+type outboxOnly struct{}
+
+func (outboxOnly) SendDirect(context.Context, lab.Event) error {
+	return errors.New("a keyed design sent an effect directly, outside its transaction")
+}
+
 // open builds the variant's store the way the lab does, through its Open.
 func (s *services) open(t tb, cfg settings) *env {
 	t.Helper()
@@ -172,7 +179,7 @@ func (s *services) open(t tb, cfg settings) *env {
 		bk = pgdb.NewBooks(s.pool, c.Now) // the postgres store writes the ledger in its own transaction
 	}
 	deps := variant.Deps{
-		Ledger: bk, Sender: bk, Clock: c.Now, Logger: slog.New(slog.DiscardHandler),
+		Ledger: bk, Sender: outboxOnly{}, Clock: c.Now, Logger: slog.New(slog.DiscardHandler),
 		Window: cfg.window, Wait: cfg.wait, ClaimTTL: cfg.claimTTL,
 		Redis: s.redis, RedisPrefix: s.prefix + cfg.prefix, RedisWhere: s.redisWhere,
 		Postgres: s.pool, AppName: s.appName,

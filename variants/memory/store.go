@@ -375,3 +375,21 @@ func (h *expiryHeap) Pop() any {
 	*h = old[:len(old)-1]
 	return e
 }
+
+// OldestInFlight reports the age of the oldest key claimed and not yet
+// completed: a slow worker, or a crashed one whose claim nobody settled.
+func (s *Store) OldestInFlight(context.Context) (time.Duration, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var oldest time.Duration
+	for _, p := range s.parts {
+		for el := p.order.Front(); el != nil; el = el.Next() {
+			if e := el.Value.(*entry); e.resp == nil && !e.unknown {
+				oldest = max(oldest, now.Sub(e.createdAt))
+				break // claims are in order: the first in flight is this part's oldest
+			}
+		}
+	}
+	return oldest, nil
+}

@@ -1,12 +1,13 @@
 // Package nokey is the design that does not decide (the "unsafe" store): it
-// ignores the key, charges every request and sends the receipt directly,
-// outside any transaction.
+// ignores the key, charges every request and calls the provider directly,
+// inline, with no outbox.
 package nokey
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/idempotency-lab/lab/lab"
 )
@@ -24,21 +25,26 @@ type Books interface {
 type Store struct {
 	books Books
 	now   lab.Clock
+	log   *slog.Logger
 }
 
 // New returns the unsafe store.
-func New(books Books, now lab.Clock) (*Store, error) {
-	if books == nil || now == nil {
-		return nil, errors.New("nokey: books and clock are required")
+func New(books Books, now lab.Clock, log *slog.Logger) (*Store, error) {
+	if books == nil || now == nil || log == nil {
+		return nil, errors.New("nokey: books, clock and logger are required")
 	}
-	return &Store{books: books, now: now}, nil
+	return &Store{books: books, now: now, log: log}, nil
 }
 
 // Name is the store's name.
 func (s *Store) Name() lab.StoreName { return Name }
 
-// Charge applies the charge, then sends the receipt directly: if the send
-// fails the charge stays and its receipt never goes out.
+// Charge does what code without an outbox does: it calls the provider
+// inline, in the middle of its write, and carries on whatever the call
+// did. Both halves of the seed's lesson follow: when the send fails the
+// charge stays and its capture and receipt never happen; when the write
+// fails after the send (the outbox_fail fault: the write is rolled back)
+// the provider was told of a charge that does not exist.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // nothing to claim: the crash happens before the charge
@@ -47,6 +53,13 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		return lab.Outcome{}, err
 	}
 	entry := lab.NewEntry(a, s.now())
+	if err := s.books.SendDirect(ctx, *lab.NewReceiptEvent(entry, a.Faults)); err != nil {
+		// Fire and forget: the charge goes on, its effects are lost.
+		s.log.WarnContext(ctx, "direct send to the provider failed; the charge goes on without it", "charge_id", entry.ChargeID, "err", err)
+	}
+	if a.Faults.Has(lab.FaultOutboxFail) {
+		return lab.Outcome{}, fmt.Errorf("error applying charge %s after its direct send: %w", entry.ChargeID, lab.ErrOutboxWrite)
+	}
 	c, err := s.books.Apply(ctx, lab.Apply{Entry: entry})
 	var oc *lab.OrderConflictError
 	if errors.As(err, &oc) {
@@ -57,11 +70,6 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
 		return lab.Outcome{}, lab.ErrCrash
-	}
-	if !a.Faults.Has(lab.FaultOutboxFail) { // the injected failure: the direct send is lost
-		if err := s.books.SendDirect(ctx, *lab.NewReceiptEvent(entry)); err != nil {
-			return lab.Outcome{}, fmt.Errorf("error sending receipt: %w", err)
-		}
 	}
 	return lab.Outcome{Response: lab.ChargeResponse(c)}, nil
 }

@@ -17,7 +17,7 @@ func Variant() variant.Variant {
 		RequiresKey: false,
 		Effects:     "direct",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
-			return New(books{d.Ledger, d.Sender}, d.Clock)
+			return New(books{d.Ledger, d.Sender}, d.Clock, d.Logger)
 		},
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries:  {Usual: lab.Breaks, Holds: "only one attempt reached the server", Breaks: "no key is checked: every attempt is a new charge"},
@@ -29,7 +29,7 @@ func Variant() variant.Variant {
 			variant.FaultCase(lab.FaultCrashAfterCharge): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
 				Breaks: "the lost response leaves a charge the client cannot see; its retries charge again"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
-				Breaks: "the receipt is sent directly, outside any transaction: the failed send leaves a charge whose receipt never went out, and every retry charges again"},
+				Breaks: "the provider is called inline, before the write that then fails: it captured and receipted a charge the ledger rolled back, and every retry charges (and sends) again"},
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
 				Breaks: "there is no state to lose: every retry charges anyway"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",

@@ -176,7 +176,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, err
 	}
 	entry := lab.NewEntry(a, s.now())
-	c, err := pgdb.ApplyTx(ctx, tx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
+	c, err := pgdb.ApplyTx(ctx, tx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry, a.Faults), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
 	var resp lab.Response
 	var oc *lab.OrderConflictError
 	switch {

@@ -363,11 +363,11 @@ func TestApplyIsIdempotentByChargeID(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
 	entry := lab.NewEntry(attempt("acme", "k-twice", 700, ""), time.Now())
-	first, err := e.books.Apply(ctx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry)})
+	first, err := e.books.Apply(ctx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry, lab.Faults{})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := e.books.Apply(ctx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry)})
+	again, err := e.books.Apply(ctx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry, lab.Faults{})})
 	if err != nil || again.ID != first.ID || again.BalanceCents != first.BalanceCents {
 		t.Fatalf("second apply: %+v %v, want %+v", again, err, first)
 	}

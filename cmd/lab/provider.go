@@ -1,0 +1,88 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/provider"
+)
+
+// runProvider serves the simulated payment provider alone until ctx ends:
+// the service the lab's relay delivers to when LAB_PROVIDER_URL points at
+// it, calling the lab back with signed webhooks.
+func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("lab provider", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", env("LAB_PROVIDER_ADDR", "127.0.0.1:8617"), "listen address (env LAB_PROVIDER_ADDR)")
+	webhookURL := fs.String("webhook-url", env("LAB_WEBHOOK_URL", ""),
+		"where webhooks go, e.g. http://127.0.0.1:8616/webhooks/provider; empty sends none (env LAB_WEBHOOK_URL)")
+	secret := fs.String("webhook-secret", env("LAB_WEBHOOK_SECRET", ""), "secret the webhooks are signed with; the lab's -webhook-secret (env LAB_WEBHOOK_SECRET)")
+	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL for the provider's records; empty keeps them in memory (env DATABASE_URL)")
+	schema := fs.String("pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "PostgreSQL schema of the records (env LAB_PG_SCHEMA)")
+	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	log, err := newLogger(stderr, *level)
+	if err != nil {
+		return err
+	}
+	cfg := provider.DefaultConfig()
+	cfg.Logger, cfg.WebhookURL, cfg.Secret, cfg.Records = log, *webhookURL, []byte(*secret), provider.NewMemory()
+	where := "memory"
+	if *dbURL != "" {
+		pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: *dbURL, Schema: *schema, Size: 10, AppName: "idempotency-lab-provider", Migrate: true})
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		cfg.Records, where = pgdb.NewProviderRecords(pool), "postgres schema "+*schema
+	}
+	p, err := provider.New(cfg)
+	if err != nil {
+		return fmt.Errorf("%w (set -webhook-secret or LAB_WEBHOOK_SECRET with -webhook-url)", err)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", *addr)
+	if err != nil {
+		return fmt.Errorf("error listening on %s: %w", *addr, err)
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	p.Register(e.Group("/provider"))
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	work, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { p.Run(work) })
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("provider listening", "url", "http://"+ln.Addr().String()+"/provider", "records", where, "webhooks", *webhookURL)
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	stop() // withheld answers are let go, queued webhooks dropped
+	wg.Wait()
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if serr := srv.Shutdown(sctx); serr != nil && err == nil {
+		err = serr
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}

@@ -1,0 +1,91 @@
+package app
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempotency-lab/lab/lab/api"
+	"github.com/idempotency-lab/lab/lab/delivery"
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/provider"
+)
+
+// openProvider connects the lab to its payment provider: the one at
+// ProviderURL, or one of its own on ProviderAddr (its records beside the
+// books, in PostgreSQL when configured), whose webhooks go to webhookURL.
+// The provider's background work runs on bgCtx.
+func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error {
+	a.secret = []byte(a.cfg.WebhookSecret)
+	base := a.cfg.ProviderURL
+	if base == "" {
+		if len(a.secret) == 0 {
+			a.secret = make([]byte, 32)
+			_, _ = rand.Read(a.secret) // never fails (crypto/rand)
+		}
+		url, err := a.startProvider(ctx, bgCtx, webhookURL)
+		if err != nil {
+			return err
+		}
+		base = url
+	}
+	// The relay's calls time out on their own: a withheld answer must not
+	// hold a worker longer than this.
+	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	a.addCloser(hc.CloseIdleConnections)
+	a.providerClient = provider.NewClient(base+"/provider", hc)
+	a.effects = delivery.New(a.providerClient)
+	a.checks = append(a.checks, api.Check{Name: "provider", Describe: "payment provider at " + base,
+		Ping: a.providerClient.Health})
+	return nil
+}
+
+// startProvider serves the lab's own provider and returns its base URL.
+func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL string) (string, error) {
+	var records provider.Records = provider.NewMemory()
+	if a.pool != nil {
+		records = pgdb.NewProviderRecords(a.pool) // every replica of a cluster sees one provider
+	}
+	pcfg := provider.DefaultConfig()
+	pcfg.Records, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, a.secret, webhookURL, a.cfg.Clock
+	pcfg.Logger = a.cfg.Logger.With("service", "provider")
+	p, err := provider.New(pcfg)
+	if err != nil {
+		return "", fmt.Errorf("error configuring the provider: %w", err)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", a.cfg.ProviderAddr)
+	if err != nil {
+		return "", fmt.Errorf("error listening for the provider on %s: %w", a.cfg.ProviderAddr, err)
+	}
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	p.Register(e.Group("/provider"))
+	srv := &http.Server{Handler: e, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: maxHeaderBytes}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.cfg.Logger.Error("the provider stopped serving", "err", err)
+		}
+	}()
+	a.addCloser(func() {
+		// Withheld answers end with the provider's Run; the rest finish here.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+		}
+		<-served
+	})
+	a.bg.Go(func() { p.Run(bgCtx) })
+	url := selfURL(ln)
+	a.cfg.Logger.Info("provider listening", "url", url, "webhooks", webhookURL)
+	return url, nil
+}

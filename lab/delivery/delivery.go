@@ -1,0 +1,57 @@
+// Package delivery carries a charge's effects to the payment provider over
+// HTTP: the capture, keyed so that a redelivery is a replay at the
+// provider, then the receipt, deduplicated there by event id. The relay
+// uses it for outbox events; a design without an outbox sends directly.
+package delivery
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/provider"
+)
+
+// Provider delivers effects through a provider client.
+type Provider struct {
+	client *provider.Client
+}
+
+// New returns a delivery through client.
+func New(client *provider.Client) *Provider { return &Provider{client: client} }
+
+// Deliver captures the event's charge and sends its receipt; it reports
+// whether the provider had the receipt already. Any failure leaves the
+// event to be delivered again, which the provider deduplicates: by the
+// capture's key when it is derived from the charge, and by the event id.
+func (p *Provider) Deliver(ctx context.Context, e lab.Event) (bool, error) {
+	d := e.Effects()
+	key := lab.DerivedCaptureKey(e.ChargeID)
+	if d.CaptureKey == lab.CaptureKeyRandom {
+		key = "rnd_" + uuid.NewString() // a new key per attempt: the provider cannot tell a retry
+	}
+	return p.send(ctx, e, key, "outbox")
+}
+
+// SendDirect captures and sends the receipt at once, outside any
+// transaction, with a key of its own: what a design without an outbox does.
+func (p *Provider) SendDirect(ctx context.Context, e lab.Event) error {
+	_, err := p.send(ctx, e, "direct_"+uuid.NewString(), "direct")
+	return err
+}
+
+func (p *Provider) send(ctx context.Context, e lab.Event, key, via string) (bool, error) {
+	d := e.Effects()
+	if _, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
+		ChargeID: e.ChargeID, Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
+	}, ""); err != nil {
+		return false, fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
+	}
+	dup, err := p.client.Receipt(ctx, provider.ReceiptRequest{EventID: e.ID, ChargeID: e.ChargeID, Tenant: e.Tenant, Run: e.Run, Via: via}, "")
+	if err != nil {
+		return false, fmt.Errorf("error sending the receipt of charge %s: %w", e.ChargeID, err)
+	}
+	return dup, nil
+}

@@ -1,0 +1,105 @@
+// Package reconcile compares the ledger with the payment provider's own
+// records, charge by charge: each charge should be captured exactly once,
+// for its amount, and reach the capture's state through a verified webhook.
+package reconcile
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/provider"
+)
+
+// Reconciliation findings: how a charge's ledger state and the provider's
+// records disagree.
+const (
+	CapturedTwice   = "captured_twice"     // more than one capture for one charge
+	NotInLedger     = "not_in_ledger"      // captured, but the ledger holds no such charge (sent, then rolled back)
+	NeverCaptured   = "never_captured"     // charged, its effects delivered or given up, and no capture
+	AmountMismatch  = "amount_mismatch"    // captured for another amount
+	StateMismatch   = "state_mismatch"     // the ledger's payment state contradicts the capture
+	AwaitingWebhook = "awaiting_webhook"   // captured, the charge still pending: no verified webhook yet
+	InFlight        = "delivery_in_flight" // the outbox has not delivered it yet
+)
+
+// Finding is one charge on which the ledger and the provider disagree.
+type Finding struct {
+	ChargeID string             `json:"charge_id"`
+	Problem  string             `json:"problem"`
+	Detail   string             `json:"detail"`
+	Ledger   *lab.Payment       `json:"ledger"`
+	Provider []provider.Capture `json:"provider_captures"`
+}
+
+// Report is one comparison.
+type Report struct {
+	Namespace       string    `json:"namespace"`
+	Run             string    `json:"run,omitempty"`
+	ChargesChecked  int       `json:"charges_checked"`
+	CapturesChecked int       `json:"captures_checked"`
+	Agree           int       `json:"agree"`
+	Disagree        int       `json:"disagree"`
+	Pending         int       `json:"pending"` // not yet settled: deliveries in flight, webhooks not yet in
+	Findings        []Finding `json:"findings"`
+	Note            string    `json:"note"`
+}
+
+// Compare compares the two sides. When the ledger's list was cut
+// at its limit, captures older than its oldest charge are not judged.
+func Compare(payments []lab.Payment, captures []provider.Capture, truncated bool) Report {
+	rep := Report{ChargesChecked: len(payments), CapturesChecked: len(captures), Findings: []Finding{},
+		Note: "each charge should be captured exactly once, for its amount, and reach the capture's state through a verified webhook"}
+	byCharge := map[string][]provider.Capture{}
+	for _, cp := range captures {
+		byCharge[cp.ChargeID] = append(byCharge[cp.ChargeID], cp)
+	}
+	var oldest time.Time
+	inLedger := map[string]bool{}
+	for i := range payments {
+		p := &payments[i]
+		inLedger[p.ChargeID] = true
+		if oldest.IsZero() || p.CreatedAt.Before(oldest) {
+			oldest = p.CreatedAt
+		}
+		caps := byCharge[p.ChargeID]
+		f := Finding{ChargeID: p.ChargeID, Ledger: p, Provider: caps}
+		settled := p.Outbox == lab.EventDelivered || p.Outbox == lab.EventDead || p.Outbox == ""
+		switch {
+		case len(caps) > 1:
+			f.Problem, f.Detail = CapturedTwice, fmt.Sprintf("the provider captured this charge %d times", len(caps))
+		case len(caps) == 0 && !settled:
+			f.Problem, f.Detail = InFlight, "the relay has not delivered its capture yet"
+		case len(caps) == 0:
+			f.Problem, f.Detail = NeverCaptured, "charged in the ledger; the provider never received its capture"
+		case caps[0].AmountCents != p.AmountCents || caps[0].Currency != p.Currency:
+			f.Problem = AmountMismatch
+			f.Detail = fmt.Sprintf("ledger %d %s, provider %d %s", p.AmountCents, p.Currency, caps[0].AmountCents, caps[0].Currency)
+		case p.State == lab.PaymentPending:
+			f.Problem, f.Detail = AwaitingWebhook, "captured ("+caps[0].Status+"); no verified webhook has moved the charge yet"
+		case p.State != caps[0].Status:
+			f.Problem, f.Detail = StateMismatch, "ledger "+p.State+", provider "+caps[0].Status
+		default:
+			rep.Agree++
+			continue
+		}
+		if f.Problem == InFlight || f.Problem == AwaitingWebhook {
+			rep.Pending++
+		} else {
+			rep.Disagree++
+		}
+		rep.Findings = append(rep.Findings, f)
+	}
+	for chargeID, caps := range byCharge {
+		if inLedger[chargeID] || (truncated && caps[0].CreatedAt.Before(oldest)) {
+			continue
+		}
+		rep.Disagree++
+		rep.Findings = append(rep.Findings, Finding{ChargeID: chargeID, Problem: NotInLedger, Provider: caps,
+			Detail: "the provider captured a charge the ledger does not hold: sent before a transaction that rolled back"})
+	}
+	slices.SortFunc(rep.Findings, func(a, b Finding) int { return strings.Compare(a.ChargeID, b.ChargeID) })
+	return rep
+}

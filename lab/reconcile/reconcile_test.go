@@ -1,0 +1,61 @@
+package reconcile_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/reconcile"
+)
+
+func TestCompare(t *testing.T) {
+	at := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	pay := func(id, state, outbox string) lab.Payment {
+		return lab.Payment{ChargeID: id, AmountCents: 2500, Currency: "USD", State: state, Outbox: outbox, CreatedAt: at}
+	}
+	capture := func(id, status string, cents int64) provider.Capture {
+		return provider.Capture{ChargeID: id, AmountCents: cents, Currency: "USD", Status: status, CreatedAt: at}
+	}
+	payments := []lab.Payment{
+		pay("ok", lab.PaymentSucceeded, lab.EventDelivered),
+		pay("declined", lab.PaymentFailed, lab.EventDelivered),
+		pay("twice", lab.PaymentSucceeded, lab.EventDelivered),
+		pay("in-flight", lab.PaymentPending, lab.EventPending),
+		pay("dead", lab.PaymentPending, lab.EventDead),
+		pay("direct-lost", lab.PaymentPending, ""),
+		pay("amount", lab.PaymentSucceeded, lab.EventDelivered),
+		pay("awaiting", lab.PaymentPending, lab.EventDelivered),
+		pay("contradicts", lab.PaymentSucceeded, lab.EventDelivered),
+	}
+	captures := []provider.Capture{
+		capture("ok", "succeeded", 2500), capture("declined", "failed", 2500),
+		capture("twice", "succeeded", 2500), capture("twice", "succeeded", 2500),
+		capture("amount", "succeeded", 9999), capture("awaiting", "succeeded", 2500),
+		capture("contradicts", "failed", 2500), capture("reverted", "succeeded", 2500),
+	}
+	rep := reconcile.Compare(payments, captures, false)
+	want := map[string]string{
+		"twice": reconcile.CapturedTwice, "in-flight": reconcile.InFlight, "dead": reconcile.NeverCaptured,
+		"direct-lost": reconcile.NeverCaptured, "amount": reconcile.AmountMismatch, "awaiting": reconcile.AwaitingWebhook,
+		"contradicts": reconcile.StateMismatch, "reverted": reconcile.NotInLedger,
+	}
+	got := map[string]string{}
+	for _, f := range rep.Findings {
+		got[f.ChargeID] = f.Problem
+	}
+	for id, problem := range want {
+		if got[id] != problem {
+			t.Errorf("%s: %q, want %q", id, got[id], problem)
+		}
+	}
+	if len(got) != len(want) || rep.Agree != 2 || rep.Pending != 2 || rep.Disagree != 6 || rep.ChargesChecked != 9 || rep.CapturesChecked != 8 {
+		t.Fatalf("report %+v", rep)
+	}
+	// A capture older than a truncated ledger list is not judged.
+	old := capture("older", "succeeded", 2500)
+	old.CreatedAt = at.Add(-time.Hour)
+	if rep := reconcile.Compare(payments[:1], []provider.Capture{capture("ok", "succeeded", 2500), old}, true); rep.Disagree != 0 {
+		t.Fatalf("truncated: %+v", rep.Findings)
+	}
+}
