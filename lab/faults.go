@@ -21,6 +21,10 @@ const (
 	FaultOutboxFail       FaultPoint = "outbox_fail"        // writing the outbox event fails
 	FaultStoreRestart     FaultPoint = "store_restart"      // the store loses its volatile state between retries
 	FaultExpired          FaultPoint = "expired"            // the retry arrives after the retention window
+	// FaultStaleWorker pauses the first worker past its claim's lifetime (a
+	// GC pause, a partition); a retry takes over, then the first wakes up
+	// and writes.
+	FaultStaleWorker FaultPoint = "stale_worker"
 )
 
 // FaultSpec describes a fault for the index and the page's controls.
@@ -40,6 +44,7 @@ func FaultSpecs() []FaultSpec {
 		{FaultOutboxFail, "the outbox write fails", []string{"ttl_ms"}},
 		{FaultStoreRestart, "the store restarts between charge and retry", nil},
 		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}},
+		{FaultStaleWorker, "a worker pauses past its lease, a retry takes over, then it writes", []string{"work_ms", "ttl_ms"}},
 	}
 }
 
@@ -156,19 +161,23 @@ func ParseFaults(h string) (Faults, error) {
 		}
 		*dst = time.Duration(ms) * time.Millisecond
 	}
-	if f.Point == FaultSlow && f.Work == 0 {
-		return f, Invalid(FaultHeader, "slow needs work_ms in 1..60000")
+	if f.Pauses() && f.Work == 0 {
+		return f, Invalid(FaultHeader, "%s needs work_ms in 1..60000", f.Point)
 	}
 	return f, nil
 }
 
-// Pause sleeps for the slow fault's work, or until ctx ends.
+// Pauses reports faults that pause the worker between its claim and its
+// write for Work.
+func (f Faults) Pauses() bool { return f.Has(FaultSlow) || f.Has(FaultStaleWorker) }
+
+// Pause sleeps for the slow or stale worker's pause, or until ctx ends.
 func (f Faults) Pause(ctx context.Context) error {
-	if !f.Has(FaultSlow) {
+	if !f.Pauses() {
 		return nil
 	}
 	if err := Sleep(ctx, f.Work); err != nil {
-		return fmt.Errorf("slow work interrupted: %w", err)
+		return fmt.Errorf("%s pause interrupted: %w", f.Point, err)
 	}
 	return nil
 }

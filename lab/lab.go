@@ -5,6 +5,7 @@ package lab
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -100,6 +101,30 @@ type Response struct {
 type Outcome struct {
 	Response Response
 	Replayed bool
+	// Pending, when set, says the operation is still running under a live
+	// lease: the answer is 202 Accepted pointing at its status.
+	Pending *Operation
+}
+
+// ErrOperationNotFound is a status asked of a key no operation holds.
+var ErrOperationNotFound = errors.New("no operation under this key")
+
+// OperationLooker reports a key's operation (stores whose work outlives
+// the request: the lease store).
+type OperationLooker interface {
+	Operation(ctx context.Context, sc Scope) (Operation, error)
+}
+
+// Operation is a keyed charge still being worked on, as its status route
+// and a 202 Accepted show it.
+type Operation struct {
+	Key          string    `json:"key"`
+	State        string    `json:"state"` // in_flight or completed
+	Token        int64     `json:"attempt_token"`
+	LeaseExpires time.Time `json:"lease_expires_at"`
+	// Response is the final answer once completed.
+	Status int             `json:"response_status,omitempty"`
+	Body   json.RawMessage `json:"response,omitempty"`
 }
 
 // Charge is an applied charge as the API returns it.
@@ -126,6 +151,9 @@ type Entry struct {
 	Run         string
 	Replica     string
 	CreatedAt   time.Time
+	// FenceToken, when set, is the claim's fencing token: the ledger
+	// refuses the entry unless it is still the key's current token.
+	FenceToken int64
 }
 
 // Event is an effect to deliver to the provider (a receipt e-mail).
@@ -174,6 +202,7 @@ type RunStats struct {
 	OutboxEvents int   // outbox events created by the run
 	Delivered    int   // of those, the ones the relay delivered
 	Dead         int   // of those, the ones the relay gave up on
+	FencedWrites int   // ledger writes the fence refused: stale workers reported
 }
 
 // KeyTally is what the ledger holds for one key.

@@ -19,6 +19,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -426,7 +427,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 	if page.Status != http.StatusOK || !strings.Contains(string(page.Body), `const BASE = "/16";`) {
 		t.Fatalf("page: %d, base path not set", page.Status)
 	}
-	if index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, "")); len(index.Variants) != 4 || len(index.Stores) != 4 {
+	if index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, "")); len(index.Variants) != len(variants.Builtin()) || len(index.Stores) != len(variants.Builtin()) {
 		t.Fatalf("JSON index: %+v", index)
 	}
 	if r := labtest.Do(t, http.MethodGet, strings.TrimSuffix(a.URL(), "/16")+"/health", nil, ""); r.Status != http.StatusNotFound {

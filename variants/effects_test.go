@@ -141,6 +141,16 @@ func TestEffectsExactlyOnceAtAFlakyProvider(t *testing.T) {
 	if rec.ChargesChecked != charges || rec.Agree != charges || rec.Disagree != 0 {
 		t.Fatalf("reconciliation %+v: want all %d charges agreeing (captured once, paid by webhook)", rec, charges)
 	}
+	// The signals: the relay's outcomes and the charge path's latency.
+	m := scrape(t, a.URL())
+	if m[`lab_relay_deliveries_total{outcome="delivered"}`] != charges || m[`lab_relay_deliveries_total{outcome="failed"}`] == 0 ||
+		m[`lab_relay_deliveries_total{outcome="dead"}`] != 0 {
+		t.Errorf("relay deliveries delivered %v, failed %v, dead %v; want %d, some, none", m[`lab_relay_deliveries_total{outcome="delivered"}`],
+			m[`lab_relay_deliveries_total{outcome="failed"}`], m[`lab_relay_deliveries_total{outcome="dead"}`], charges)
+	}
+	if n := m[`lab_charge_duration_seconds_count{outcome="charged",store="postgres"}`]; n != charges {
+		t.Errorf("charge latency observations %v, want %d", n, charges)
+	}
 }
 
 // TestRandomCaptureKeyCapturesTwice is the same flaky provider with the

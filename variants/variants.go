@@ -5,6 +5,7 @@ package variants
 
 import (
 	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -18,5 +19,6 @@ func Builtin() []variant.Variant {
 		memory.Variant(),
 		redis.Variant(),
 		postgres.Variant(),
+		lease.Variant(),
 	}
 }

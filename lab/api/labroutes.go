@@ -31,6 +31,8 @@ const (
 	defaultTTLms    = 1000 // redis claim TTL of lab runs
 	defaultWorkMS   = 300  // slow fault
 	defaultWindowMS = 200  // expired fault
+	staleLeaseMS    = 200  // stale_worker: the claim's lifetime…
+	staleWorkMS     = 800  // …and the pause that outlives it
 )
 
 // chargeUnsafe runs the design that ignores the key.
@@ -183,6 +185,18 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 			return spec, 0, err
 		}
 		spec.Faults.Work = time.Duration(work) * time.Millisecond
+	case lab.FaultStaleWorker:
+		if !ttlGiven {
+			spec.Faults.ClaimTTL = staleLeaseMS * time.Millisecond
+		}
+		work, err := q.Int("work_ms", staleWorkMS, 1, maxSlowWork.Milliseconds())
+		if err != nil {
+			return spec, 0, err
+		}
+		spec.Faults.Work = time.Duration(work) * time.Millisecond
+		if spec.Faults.Work <= spec.Faults.ClaimTTL {
+			return spec, 0, lab.Invalid("work_ms", "must exceed ttl_ms (%d): the worker has to outlive its lease", spec.Faults.ClaimTTL.Milliseconds())
+		}
 	case lab.FaultExpired:
 		window, err := q.Int("window_ms", defaultWindowMS, 1, 60_000)
 		if err != nil {

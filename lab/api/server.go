@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -193,6 +194,7 @@ func New(cfg Config, deps Deps) *Server {
 	g.POST("/webhooks/provider", s.providerWebhook)
 	g.GET("/lab/reconcile", s.reconcileCheck)
 	g.GET("/lab/effects", s.effectsMatrix)
+	g.GET("/operations/:key", s.operation)
 	s.echo = e
 	return s
 }
@@ -336,7 +338,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		if faults, err = lab.ParseFaults(h); err != nil {
 			return err
 		}
-		if faults.Has(lab.FaultSlow) {
+		if faults.Pauses() {
 			if faults.Work > maxSlowWork {
 				return lab.Invalid(lab.FaultHeader, "work_ms must be at most %d on this shared lab", maxSlowWork.Milliseconds())
 			}
@@ -369,6 +371,12 @@ func (s *Server) postCharge(c echo.Context) error {
 			panic(http.ErrAbortHandler)
 		}
 		return err
+	}
+	if out.Pending != nil {
+		// Still working under a live lease: 202, and where to ask.
+		c.Response().Header().Set(echo.HeaderLocation, strings.TrimSuffix(s.cfg.BasePath, "/")+"/operations/"+url.PathEscape(key)+"?store="+string(st.Name()))
+		c.Response().Header().Set("Retry-After", "1")
+		return c.JSON(http.StatusAccepted, out.Pending)
 	}
 	if out.Replayed {
 		c.Response().Header().Set("Idempotent-Replayed", "true")
@@ -660,4 +668,42 @@ func (s *Server) join(c echo.Context) error {
 // CountSwept records keys the sweeper removed from one of this replica's stores.
 func (s *Server) CountSwept(store lab.StoreName, n int) {
 	s.metrics.swept.WithLabelValues(string(store)).Add(float64(n))
+}
+
+// operation is GET /operations/{key}?store=: the state of a keyed charge
+// whose work outlives its request (in flight with its lease and fencing
+// token, or completed with its answer), for the caller's tenant.
+func (s *Server) operation(c echo.Context) error {
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	name, err := q.Name("store", "")
+	if err != nil {
+		return err
+	}
+	st, err := s.pickStore(name)
+	if err != nil {
+		return err
+	}
+	looker, ok := st.(lab.OperationLooker)
+	if !ok {
+		return lab.Invalid("store", "store %s answers every request in full; it keeps no operations to look up", st.Name())
+	}
+	who, err := s.who(c.Request(), false)
+	if err != nil {
+		return err
+	}
+	key, err := url.PathUnescape(c.Param("key"))
+	if err != nil || lab.ValidateKey(key) != nil {
+		return lab.Invalid("key", "must be 1..255 bytes of printable text")
+	}
+	op, err := looker.Operation(c.Request().Context(), lab.Scope{Tenant: who.Tenant, Endpoint: lab.Endpoint, Key: key})
+	if errors.Is(err, lab.ErrOperationNotFound) {
+		return problem(http.StatusNotFound, "operation_not_found", "Operation not found", "no charge of this tenant holds this key in store "+string(st.Name()))
+	}
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, op)
 }

@@ -98,7 +98,8 @@ func attempt(ctx context.Context, client *http.Client, i int, req Request, retry
 		if t.Replica != "" {
 			r.Replica = t.Replica
 		}
-		retryable := t.Status == 0 || t.Status == http.StatusConflict && t.Code == "idempotency_in_progress" || t.Status >= 500
+		retryable := t.Status == 0 || t.Status == http.StatusConflict && t.Code == "idempotency_in_progress" || t.Status >= 500 ||
+			t.Status == http.StatusAccepted // still working under a lease: ask again
 		if !retryable || retry.Until.IsZero() {
 			return r
 		}

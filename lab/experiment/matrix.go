@@ -45,6 +45,8 @@ func Cases() []Case {
 			Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}},
 		{Name: "expired_order_id", Title: "retry after the window, with an order id", Attempts: 2, Replicas: 1,
 			Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, OrderID: true},
+		{Name: "stale_worker", Title: "a worker pauses 600 ms past its 150 ms lease, a retry takes over, then it writes", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultStaleWorker, Work: 600 * time.Millisecond, ClaimTTL: 150 * time.Millisecond}},
 		{Name: "reused", Title: "same key, another amount", Attempts: 3, Replicas: 1, Scenario: ScenarioReused},
 		{Name: "tenants", Title: "two tenants, one key", Attempts: 4, Replicas: 1, Scenario: ScenarioTenants},
 	}
@@ -57,11 +59,14 @@ type Cell struct {
 	HowToEnable     string        `json:"how_to_enable,omitempty"`
 	ExpectedCharges int           `json:"expected_charges"`
 	Charges         int           `json:"charges"`
-	Verdict         lab.Verdict   `json:"verdict"`
-	ExpectedVerdict lab.Verdict   `json:"expected_verdict"`
-	Explanation     string        `json:"explanation"`
-	Note            string        `json:"note,omitempty"`
-	RunID           string        `json:"run_id,omitempty"`
+	// What the provider recorded of the cell's run.
+	ProviderCaptures int         `json:"provider_captures"`
+	ProviderReceipts int         `json:"provider_receipts"`
+	Verdict          lab.Verdict `json:"verdict"`
+	ExpectedVerdict  lab.Verdict `json:"expected_verdict"`
+	Explanation      string      `json:"explanation"`
+	Note             string      `json:"note,omitempty"`
+	RunID            string      `json:"run_id,omitempty"`
 }
 
 // Row is one case across the stores.
@@ -111,6 +116,7 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 					return m, fmt.Errorf("error running %s on %s: %w", c.Name, store, err)
 				}
 				cell.ExpectedCharges, cell.Charges = rep.ExpectedCharges, rep.KeyCharges
+				cell.ProviderCaptures, cell.ProviderReceipts = rep.ProviderCaptures, rep.ProviderReceipts
 				cell.Verdict, cell.ExpectedVerdict = rep.Verdict, rep.ExpectedVerdict
 				cell.Explanation, cell.Note, cell.RunID = rep.Explanation, rep.Note, rep.RunID
 			}

@@ -110,6 +110,9 @@ type Report struct {
 	ProviderCaptureCalls int `json:"provider_capture_calls"` // capture requests that reached it
 	ProviderReceipts     int `json:"provider_receipts"`      // distinct receipts
 	ChargesCapturedTwice int `json:"charges_captured_twice"` // charges the provider captured more than once
+	// FencedWrites are ledger writes the fence refused in this run: stale
+	// workers whose claim was taken over.
+	FencedWrites int `json:"fenced_writes"`
 	// CapturesWithoutCharge are captures of charges the ledger does not
 	// hold: sent, then rolled back.
 	CapturesWithoutCharge int `json:"captures_without_charge"`
@@ -215,6 +218,9 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 		res, spread := Fire(ctx, r.Client, reqs, Retry{})
 		return res, spread, nil
 	}
+	if spec.Faults.Point == lab.FaultStaleWorker {
+		return r.fireStale(ctx, spec, reqs)
+	}
 	// Phase one: the first attempt alone (carrying the fault, if any).
 	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
 	switch spec.Faults.Point {
@@ -244,6 +250,28 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 		rest[i].Attempt++
 	}
 	return append(first, rest...), spread, nil
+}
+
+// fireStale sends the first attempt, which pauses past its claim's
+// lifetime; once that lifetime is over (and while it still sleeps) the
+// retries go, released together; the first then wakes and writes.
+func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request) ([]Result, time.Duration, error) {
+	firstDone := make(chan []Result, 1)
+	go func() {
+		res, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
+		firstDone <- res
+	}()
+	// The claim's lifetime, and a margin for the first attempt to claim.
+	if err := lab.Sleep(ctx, spec.Faults.ClaimTTL+100*time.Millisecond); err != nil {
+		<-firstDone
+		return nil, 0, err
+	}
+	budget := 3*time.Second + spec.Faults.Work
+	rest, spread := Fire(ctx, r.Client, reqs[1:], Retry{Until: time.Now().Add(budget), Base: 50 * time.Millisecond})
+	for i := range rest {
+		rest[i].Attempt++
+	}
+	return append(<-firstDone, rest...), spread, nil
 }
 
 func (r *Runner) request(spec Spec, target, run string, i int) Request {
@@ -410,6 +438,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		return err
 	}
 	rep.ChargesApplied, rep.RunChargedCents = stats.Charges, stats.ChargedCents
+	rep.FencedWrites = stats.FencedWrites
 	rep.KeyCharges = after.charges()
 	rep.DuplicatesApplied = added(before, after)
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
@@ -531,6 +560,12 @@ func note(rep *Report) string {
 	}
 	if rep.Rejections > 0 {
 		parts = append(parts, fmt.Sprintf("%d attempt(s) rejected with 422 (key reused with another payload)", rep.Rejections))
+	}
+	if rep.FencedWrites > 0 {
+		parts = append(parts, fmt.Sprintf("%d stale write(s) refused by the ledger's fence", rep.FencedWrites))
+	}
+	if rep.CapturesWithoutCharge > 0 {
+		parts = append(parts, fmt.Sprintf("%d capture(s) at the provider for a charge the ledger rolled back", rep.CapturesWithoutCharge))
 	}
 	if rep.KeyAfterFault != "" {
 		parts = append(parts, "key after the fault: "+rep.KeyAfterFault)

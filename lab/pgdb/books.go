@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -43,6 +44,10 @@ func (b *Books) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
 // a store that decides in PostgreSQL charges inside its own transaction.
 func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 	e := a.Entry
+	var fence *int64
+	if e.FenceToken != 0 {
+		fence = &e.FenceToken
+	}
 	var order *string
 	if e.OrderID != "" {
 		order = &e.OrderID
@@ -51,10 +56,10 @@ func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 	// same charge (a retry of a commit whose answer was lost), and a
 	// duplicate order becomes a stored business outcome, not an abort.
 	tag, err := tx.Exec(ctx, `
-		INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+		INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at, fence_token)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 		ON CONFLICT DO NOTHING`,
-		e.ChargeID, e.Tenant, e.Account, e.AmountCents, e.Currency, order, e.Key, e.Store, e.Run, e.Replica, e.CreatedAt)
+		e.ChargeID, e.Tenant, e.Account, e.AmountCents, e.Currency, order, e.Key, e.Store, e.Run, e.Replica, e.CreatedAt, fence)
 	if err != nil {
 		return lab.Charge{}, fmt.Errorf("error inserting charge: %w", err)
 	}
@@ -123,8 +128,9 @@ func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) 
 		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1),
 		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'delivered'),
-		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'dead')`, run).
-		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.Delivered, &s.Dead)
+		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'dead'),
+		       (SELECT count(*) FROM fenced_writes WHERE run_id = $1)`, run).
+		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.Delivered, &s.Dead, &s.FencedWrites)
 	if err != nil {
 		return s, fmt.Errorf("error reading run stats: %w", err)
 	}
@@ -330,7 +336,7 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 // them, for the admin), and nothing else.
 func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	if ns == "" {
-		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, idempotency_requests, account_balances`); err != nil {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, idempotency_requests, account_balances`); err != nil {
 			return fmt.Errorf("error truncating the lab's tables: %w", err)
 		}
 		return nil
@@ -338,6 +344,7 @@ func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for _, q := range []string{
 			`DELETE FROM webhook_events WHERE namespace = $1`,
+			`DELETE FROM fenced_writes WHERE namespace = $1`,
 			`DELETE FROM outbox WHERE namespace = $1`,
 			`DELETE FROM charges WHERE namespace = $1`,
 			`DELETE FROM idempotency_requests WHERE namespace = $1`,
@@ -389,4 +396,11 @@ func (t *Tenants) Count(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("error counting attendees: %w", err)
 	}
 	return n, nil
+}
+
+// StaleToken reports the ledger's refusal of an entry whose fencing token
+// is no longer its key's current one.
+func StaleToken(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "LF001"
 }

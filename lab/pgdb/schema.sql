@@ -110,3 +110,61 @@ CREATE TABLE IF NOT EXISTS webhook_events (
 );
 CREATE INDEX IF NOT EXISTS webhook_events_charge ON webhook_events (charge_id);
 CREATE INDEX IF NOT EXISTS webhook_events_namespace ON webhook_events (namespace);
+
+-- The lease store: two phases. Phase one commits the claim with a lease and
+-- a fencing token that rises with every take-over; the work runs outside
+-- any transaction; phase two writes the charge carrying that token.
+CREATE TABLE IF NOT EXISTS lease_requests (
+    tenant_id           text        NOT NULL,
+    endpoint            text        NOT NULL,
+    idempotency_key     text        NOT NULL,
+    request_fingerprint text        NOT NULL,
+    state               text        NOT NULL CHECK (state IN ('in_flight', 'completed')),
+    attempt_token       bigint      NOT NULL,
+    lease_expires_at    timestamptz NOT NULL,
+    charge_id           text        NOT NULL,
+    response_status     integer,
+    response_body       bytea,
+    created_at          timestamptz NOT NULL,
+    expires_at          timestamptz NOT NULL,
+    namespace           text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED,
+    PRIMARY KEY (tenant_id, endpoint, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS lease_requests_namespace ON lease_requests (namespace, created_at DESC);
+CREATE INDEX IF NOT EXISTS lease_requests_expires_at ON lease_requests (expires_at);
+
+-- The resource checks the fence, not the worker: a ledger row carrying a
+-- fencing token is refused unless the token is still its key's current
+-- one (SQLSTATE LF001). The key row is locked while checking, so a
+-- take-over and a stale write are serialised.
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS fence_token bigint;
+CREATE OR REPLACE FUNCTION lab_check_fence() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+DECLARE
+    current_token bigint;
+BEGIN
+    IF NEW.fence_token IS NULL THEN
+        RETURN NEW;
+    END IF;
+    SELECT attempt_token INTO current_token FROM lease_requests
+    WHERE tenant_id = NEW.tenant_id AND endpoint = 'POST /charges' AND idempotency_key = NEW.idempotency_key
+    FOR UPDATE;
+    IF current_token IS DISTINCT FROM NEW.fence_token THEN
+        RAISE EXCEPTION 'stale fencing token % for key %: the current token is %', NEW.fence_token, NEW.idempotency_key, current_token
+            USING ERRCODE = 'LF001';
+    END IF;
+    RETURN NEW;
+END
+$$;
+CREATE OR REPLACE TRIGGER charges_check_fence BEFORE INSERT ON charges FOR EACH ROW EXECUTE FUNCTION lab_check_fence();
+
+-- Writes the fence refused, as the stale worker reports them.
+CREATE TABLE IF NOT EXISTS fenced_writes (
+    tenant_id       text        NOT NULL,
+    idempotency_key text        NOT NULL,
+    stale_token     bigint      NOT NULL,
+    charge_id       text        NOT NULL,
+    run_id          text        NOT NULL DEFAULT '',
+    refused_at      timestamptz NOT NULL,
+    namespace       text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED
+);
+CREATE INDEX IF NOT EXISTS fenced_writes_run ON fenced_writes (run_id);

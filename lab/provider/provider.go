@@ -261,7 +261,7 @@ drain:
 	}
 	if dropped > 0 {
 		p.counters.webhooksDropped.Add(int64(dropped))
-		p.cfg.Logger.WarnContext(context.WithoutCancel(ctx), "provider stopped: queued webhooks dropped", "webhooks", dropped)
+		p.cfg.Logger.InfoContext(context.WithoutCancel(ctx), "provider stopped: queued webhooks dropped", "webhooks", dropped)
 	}
 }
 

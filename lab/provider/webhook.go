@@ -96,7 +96,7 @@ func (p *Provider) enqueueWebhooks(ctx context.Context, c Capture, f Faults) {
 	defer p.queueMu.Unlock()
 	if p.closed {
 		p.counters.webhooksDropped.Add(int64(len(sends)))
-		p.cfg.Logger.WarnContext(ctx, "provider stopped: webhooks dropped", "capture_id", c.ID, "webhooks", len(sends))
+		p.cfg.Logger.InfoContext(ctx, "provider stopped: webhooks dropped", "capture_id", c.ID, "webhooks", len(sends))
 		return
 	}
 	select {
@@ -119,7 +119,7 @@ func (p *Provider) sendWebhooks(ctx context.Context) {
 				if !p.deliver(ctx, s) {
 					left := len(j.sends) - i
 					p.counters.webhooksDropped.Add(int64(left))
-					p.cfg.Logger.WarnContext(context.WithoutCancel(ctx), "provider stopped: webhooks dropped", "event_id", s.id, "webhooks", left)
+					p.cfg.Logger.InfoContext(context.WithoutCancel(ctx), "provider stopped: webhooks dropped", "event_id", s.id, "webhooks", left)
 					return
 				}
 			}
@@ -145,8 +145,10 @@ func (p *Provider) deliver(ctx context.Context, s webhookSend) bool {
 		if (err == nil && !retryable(status)) || attempt >= p.cfg.WebhookAttempts {
 			p.counters.webhooksFailed.Add(1)
 			level := p.cfg.Logger.WarnContext
-			if s.forged {
-				level = p.cfg.Logger.InfoContext // a refusal is what a forged copy should get
+			if s.forged || err == nil {
+				// The receiver answered and decided: a forged copy refused,
+				// or a charge it does not hold (sent, then rolled back).
+				level = p.cfg.Logger.InfoContext
 			}
 			level(ctx, "webhook given up", "event_id", s.id, "type", s.typ, "forged", s.forged,
 				"attempts", attempt, "status", status, "err", err)

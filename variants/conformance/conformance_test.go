@@ -313,12 +313,20 @@ func slowWorkPastClaimTTL(t *testing.T, e *env) {
 	twin.Faults = lab.Faults{}
 	tout, terr := e.charge(t, twin)
 	own := <-done
-	fresh(t, "slow owner", own.out, own.err)
 	switch {
 	case want == 1 && errors.Is(terr, lab.ErrInProgress):
+		fresh(t, "slow owner", own.out, own.err)
+	case want == 1 && own.out.Replayed:
+		// Fencing: the twin took over with the next token and charged; the
+		// ledger refused the slow owner's stale write, which answers with
+		// the twin's charge.
+		fresh(t, "twin after the lease ran out", tout, terr)
+		replayOf(t, "the fenced slow owner", tout.Response, own.out, own.err)
 	case want == 1:
+		fresh(t, "slow owner", own.out, own.err)
 		replayOf(t, "twin of the slow owner", own.out.Response, tout, terr)
 	default:
+		fresh(t, "slow owner", own.out, own.err)
 		fresh(t, "twin after the claim expired", tout, terr)
 	}
 	wantCharges(t, e, "acme", "k-slow", want, "declared verdict for slow work with claim TTL "+shortTTL.String()+" < work "+slowWork.String())

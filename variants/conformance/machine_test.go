@@ -13,6 +13,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
@@ -56,12 +57,16 @@ const (
 	crashWipesHeap
 	// The claim stays behind until its TTL; the record is never written.
 	crashLeavesClaim
+	// A committed claim stays until its lease ends; what the second phase
+	// committed (charge and response together) stays.
+	crashLeavesLease
 )
 
 var crashEffects = map[lab.StoreName]crashEffect{
 	memory.Name:   crashWipesHeap,
 	redis.Name:    crashLeavesClaim,
 	postgres.Name: crashRollsBack,
+	lease.Name:    crashLeavesLease,
 }
 
 // profile is what the model needs to know of a design.
@@ -88,7 +93,7 @@ func profileOf(t *testing.T, b backend) profile {
 			t.Fatalf("%s declares %s for %s; the model assumes it holds", b.v.Name, declared(c), c)
 		}
 	}
-	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != crashRollsBack) {
+	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != crashRollsBack && effect != crashLeavesLease) {
 		t.Fatalf("%s declares crash_after_charge %s, which its crash effect in the model contradicts", b.v.Name, declared(variant.FaultCase(lab.FaultCrashAfterCharge)))
 	}
 	return profile{
@@ -152,8 +157,8 @@ func TestStateMachine(t *testing.T) {
 			p := profileOf(t, b)
 			svc := startServices(t, b)
 			wait := machineWait
-			if b.redis != "" {
-				wait = machineRedisWait
+			if b.redis != "" || p.crash == crashLeavesLease {
+				wait = machineRedisWait // every retry on a stale claim sits the wait out
 			}
 			var n atomic.Int64
 			rapid.Check(t, func(rt *rapid.T) {
@@ -301,6 +306,12 @@ func (m *machine) attempt(t *rapid.T, s slot, amount int64, point lab.FaultPoint
 		case crashRollsBack:
 			if charged {
 				m.live(k, unseen, amount, lab.Response{}, machineWindow)
+			}
+		case crashLeavesLease:
+			if charged {
+				m.live(k, unseen, amount, lab.Response{}, machineWindow)
+			} else {
+				m.live(k, claimed, amount, lab.Response{}, machineClaimTTL)
 			}
 		}
 	}

@@ -39,6 +39,8 @@ func Variant() variant.Variant {
 				Breaks: "a restart forgets every key in the heap: the retry of a completed charge charges again"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",
 				Breaks: "the key was evicted after its window: the late retry is a new operation"},
+			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "the in-process claim has no lifetime to outlive: the retry waited on the paused worker's entry (bounded) and replayed it",
+				Breaks: "the retry got past the paused worker's claim"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "keys are scoped by (tenant, endpoint, key): each tenant is charged once and sees only its own response",

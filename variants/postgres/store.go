@@ -392,3 +392,20 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 		}
 	}
 }
+
+// OldestInFlight reports how long the oldest charge transaction holding a
+// claim has been open. The postgres store's in-flight keys are uncommitted
+// rows nobody else can read, so their age is their transaction's, which
+// PostgreSQL itself reports (server time: a gauge, not a verdict).
+func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
+	var secs float64
+	err := s.pool.QueryRow(ctx, `
+		SELECT coalesce(extract(epoch FROM max(clock_timestamp() - a.xact_start)), 0)::float8
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.relation = 'idempotency_requests'::regclass AND l.mode = 'RowExclusiveLock' AND l.granted
+		  AND a.application_name = $1 AND a.pid <> pg_backend_pid()`, s.appName).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("error reading the oldest claiming transaction: %w", err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}

@@ -41,6 +41,8 @@ func Variant() variant.Variant {
 				Breaks: "the restart lost a committed key"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "after the window the key row is reclaimed, but the unique (tenant, order_id) constraint refuses a second charge: the permanent domain key holds",
 				Breaks: "past the retention window the key is new again: without a permanent domain key (order_id) the late retry charges again"},
+			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "the paused worker's transaction kept its row lock for the whole pause: the retry waited (bounded by the in-flight wait) and replayed — at the price of a connection and a row lock held for as long as the pause",
+				Breaks: "the pause outlasted the bounded wait"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "the primary key is (tenant, endpoint, key): each tenant is charged once",

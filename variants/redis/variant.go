@@ -44,6 +44,8 @@ func Variant() variant.Variant {
 				Breaks: "Redis without persistence restarted empty: the completed record is gone, so the retry charges again"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",
 				Breaks: "the record expired with its TTL: the late retry is a new operation"},
+			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Breaks, Holds: "the retry came before the claim expired",
+				Breaks: "the paused worker's claim expired with its TTL: the retry claimed the free key and charged, then the worker woke and charged too — nothing in the ledger knows its claim is gone"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "Redis keys carry tenant and endpoint: each tenant is charged once",

@@ -1,0 +1,161 @@
+package lease_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/variants/lease"
+)
+
+func setup(t *testing.T) (*lease.Store, *pgxpool.Pool) {
+	t.Helper()
+	url, schema := labtest.Postgres(t)
+	pool, err := pgdb.Open(t.Context(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 10, Migrate: true, AppName: "lab-test-" + schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := lease.New(lease.Config{Pool: pool, Window: time.Hour, Wait: 100 * time.Millisecond, Lease: time.Minute,
+		Now: time.Now, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pool
+}
+
+func attempt(key string, f lab.Faults) lab.Attempt {
+	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}
+	return lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Fingerprint: req.Fingerprint(), Store: lease.Name, Run: "run-fence", Faults: f}
+}
+
+// TestStaleWorkerIsFencedByTheLedger: the first worker pauses past its
+// lease; a retry takes over with token 2 and charges; when the first wakes,
+// the database refuses its write (token 1 is stale), it is recorded, and
+// the ledger holds exactly one charge, carrying token 2.
+func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
+	s, pool := setup(t)
+	ctx := t.Context()
+	const key = "k-stale"
+	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: 800 * time.Millisecond, ClaimTTL: 200 * time.Millisecond})
+	type answer struct {
+		out lab.Outcome
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		out, err := s.Charge(ctx, owner)
+		done <- answer{out, err}
+	}()
+	// The claim is committed (visible while the work runs), then its lease ends.
+	sawInFlight := false
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		st, err := s.Lookup(ctx, owner.Scope)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sawInFlight = sawInFlight || st == lab.KeyInFlight
+		if sawInFlight && st == lab.KeyAbsent {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("key %s: in flight seen %v, state %s; want the claim visible, then its lease over", key, sawInFlight, st)
+		}
+	}
+	op, err := s.Operation(ctx, owner.Scope)
+	if err != nil || op.Token != 1 || op.State != lab.KeyInFlight {
+		t.Fatalf("the paused worker's operation %+v (%v): want token 1, in flight", op, err)
+	}
+	retry := attempt(key, lab.Faults{})
+	taken, err := s.Charge(ctx, retry)
+	if err != nil || taken.Replayed || taken.Response.Status != http.StatusCreated {
+		t.Fatalf("the retry after the lease ended: %+v %v; want a fresh 201", taken, err)
+	}
+	if op, _ = s.Operation(ctx, retry.Scope); op.Token != 2 || op.State != lab.KeyCompleted {
+		t.Fatalf("after the take-over: %+v; want token 2, completed", op)
+	}
+	stale := <-done
+	if stale.err != nil || !stale.out.Replayed || string(stale.out.Response.Body) != string(taken.Response.Body) {
+		t.Fatalf("the stale worker: %+v %v; want the take-over's charge replayed to it", stale.out, stale.err)
+	}
+
+	// What the database holds, asked directly.
+	var charges int
+	var token int64
+	if err := pool.QueryRow(ctx, `SELECT count(*), max(fence_token) FROM charges WHERE tenant_id = 'acme' AND idempotency_key = $1`, key).Scan(&charges, &token); err != nil {
+		t.Fatal(err)
+	}
+	if charges != 1 || token != 2 {
+		t.Fatalf("ledger: %d charge(s), token %d; want exactly one, written with token 2", charges, token)
+	}
+	var refused int64
+	if err := pool.QueryRow(ctx, `SELECT stale_token FROM fenced_writes WHERE tenant_id = 'acme' AND idempotency_key = $1`, key).Scan(&refused); err != nil || refused != 1 {
+		t.Fatalf("fenced_writes: token %d (%v); want the stale token 1 recorded", refused, err)
+	}
+	// The fence is the resource's: a write carrying token 1 is refused by
+	// the database itself, whoever sends it.
+	_, err = pool.Exec(ctx, `INSERT INTO charges (id, tenant_id, account, amount_cents, currency, idempotency_key, store, created_at, fence_token)
+		VALUES ('ch_direct_stale', 'acme', 'acct-1', 2500, 'USD', $1, 'lease', now(), 1)`, key)
+	if !pgdb.StaleToken(err) {
+		t.Fatalf("a direct insert with the stale token: %v; want SQLSTATE LF001", err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO charges (id, tenant_id, account, amount_cents, currency, idempotency_key, store, created_at, fence_token)
+		VALUES ('ch_direct_unknown', 'acme', 'acct-1', 2500, 'USD', 'k-no-claim', 'lease', now(), 1)`); !pgdb.StaleToken(err) {
+		t.Fatalf("a direct insert with a token of no claim: %v; want SQLSTATE LF001", err)
+	}
+}
+
+// TestLongWorkAnswers202: while the owner works under a live lease a twin
+// gets the operation (202), and once done the final response.
+func TestLongWorkAnswers202(t *testing.T) {
+	s, _ := setup(t)
+	ctx := t.Context()
+	owner := attempt("k-long", lab.Faults{Point: lab.FaultSlow, Work: 600 * time.Millisecond})
+	done := make(chan lab.Outcome, 1)
+	go func() {
+		out, err := s.Charge(context.WithoutCancel(ctx), owner)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- out
+	}()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if st, _ := s.Lookup(ctx, owner.Scope); st == lab.KeyInFlight {
+			break // the owner's claim is committed
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the owner never claimed")
+		}
+	}
+	var pending *lab.Operation
+	for deadline := time.Now().Add(5 * time.Second); pending == nil; {
+		out, err := s.Charge(ctx, attempt("k-long", lab.Faults{}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pending = out.Pending
+		if pending == nil && time.Now().After(deadline) {
+			t.Fatalf("a twin during the work got %+v; want 202 with the operation", out)
+		}
+	}
+	if pending.Token != 1 || pending.State != lab.KeyInFlight || !pending.LeaseExpires.After(time.Now()) {
+		t.Fatalf("pending operation %+v: want token 1 in flight with a live lease", pending)
+	}
+	first := <-done
+	again, err := s.Charge(ctx, attempt("k-long", lab.Faults{}))
+	if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) {
+		t.Fatalf("after the work: %+v %v; want the replay", again, err)
+	}
+	op, err := s.Operation(ctx, owner.Scope)
+	if err != nil || op.State != lab.KeyCompleted || op.Status != http.StatusCreated || string(op.Body) != string(first.Response.Body) {
+		t.Fatalf("operation %+v (%v): want completed with the 201", op, err)
+	}
+}
