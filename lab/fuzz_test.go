@@ -201,7 +201,7 @@ func FuzzParseName(f *testing.F) {
 			if v != "def" {
 				t.Fatalf("absent: got %q", v)
 			}
-		case v != raw || v == "" || len(v) > lab.MaxNameBytes || v[0] < 'a' || v[0] > 'z' ||
+		case v != strings.ReplaceAll(raw, " ", "+") || v == "" || len(v) > lab.MaxNameBytes || v[0] < 'a' || v[0] > 'z' ||
 			strings.Trim(v, "abcdefghijklmnopqrstuvwxyz0123456789_-+") != "":
 			t.Fatalf("accepted %q as %q", raw, v)
 		}
@@ -210,7 +210,7 @@ func FuzzParseName(f *testing.F) {
 		switch {
 		case err != nil:
 			invalid(t, err, "p")
-		case !slices.Contains(allowed, c) || present && c != raw:
+		case !slices.Contains(allowed, c) || present && c != strings.ReplaceAll(raw, " ", "+"):
 			t.Fatalf("ParseChoice accepted %q as %q", raw, c)
 		}
 	})

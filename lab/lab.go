@@ -101,6 +101,9 @@ type Response struct {
 type Outcome struct {
 	Response Response
 	Replayed bool
+	// ReplayedFrom names where a replay was read when a design has more
+	// than one place ("redis", "postgres"); empty otherwise.
+	ReplayedFrom string
 	// Pending, when set, says the operation is still running under a live
 	// lease: the answer is 202 Accepted pointing at its status.
 	Pending *Operation

@@ -124,6 +124,9 @@ func ParseText(name, raw string, present bool, def string, max int) (string, err
 // (the charset of variant names). Whether the name is known is the
 // caller's check (see ParseChoice).
 func ParseName(name, raw string, present bool, def string) (string, error) {
+	// A name holds no spaces: a space here is a '+' the query did not
+	// encode (store=redis+postgres, as typed in a shell).
+	raw = strings.ReplaceAll(raw, " ", "+")
 	switch {
 	case !present:
 		return def, nil

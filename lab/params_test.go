@@ -128,7 +128,11 @@ func TestParseName(t *testing.T) {
 	}
 	_, err := lab.ParseName("store", "", true, "memory")
 	wantInvalid(t, err, "store", "must not be empty")
-	for _, bad := range []string{"Memory", "1st", "-x", "a b", "a.b", "mem\x00", "\xff", "ﬁ", strings.Repeat("a", lab.MaxNameBytes+1)} {
+	// A space is a '+' the query did not encode: redis+postgres typed in a shell.
+	if v, err := lab.ParseName("store", "redis postgres", true, "memory"); err != nil || v != "redis+postgres" {
+		t.Errorf("an unencoded '+': %q, %v", v, err)
+	}
+	for _, bad := range []string{"Memory", "1st", "-x", " a", "a.b", "mem\x00", "\xff", "ﬁ", strings.Repeat("a", lab.MaxNameBytes+1)} {
 		_, err := lab.ParseName("store", bad, true, "memory")
 		wantInvalid(t, err, "store", "lowercase letter")
 	}

@@ -5,6 +5,7 @@ package variants
 
 import (
 	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
@@ -20,5 +21,6 @@ func Builtin() []variant.Variant {
 		redis.Variant(),
 		postgres.Variant(),
 		lease.Variant(),
+		cached.Variant(),
 	}
 }

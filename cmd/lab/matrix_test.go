@@ -29,7 +29,7 @@ func TestMatrixOutputOffATerminal(t *testing.T) {
 	out := stdout.String()
 	ran := 2 * len(experiment.Cases()) // unsafe and memory need no service
 	for _, want := range []string{"n/a: `redis` did not run here: set REDIS_URL", "n/a: `postgres` did not run here: set DATABASE_URL",
-		"n/a: `lease` did not run here: set DATABASE_URL", fmt.Sprintf("\n%d runs in ", ran)} {
+		"n/a: `lease` did not run here: set DATABASE_URL", "n/a: `redis+postgres` did not run here: set DATABASE_URL and REDIS_URL", fmt.Sprintf("\n%d runs in ", ran)} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

@@ -380,6 +380,9 @@ func (s *Server) postCharge(c echo.Context) error {
 	}
 	if out.Replayed {
 		c.Response().Header().Set("Idempotent-Replayed", "true")
+		if out.ReplayedFrom != "" {
+			c.Response().Header().Set(experiment.ReplayedFromHeader, out.ReplayedFrom)
+		}
 	}
 	ct := echo.MIMEApplicationJSON
 	if out.Response.Status >= 400 {

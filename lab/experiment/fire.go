@@ -16,6 +16,10 @@ import (
 // ReplicaHeader names, on every answer of the lab, the replica that gave it.
 const ReplicaHeader = "Lab-Replica"
 
+// ReplayedFromHeader names where a replay was read, for designs with more
+// than one place (a cache in front of the database).
+const ReplayedFromHeader = "Lab-Replayed-From"
+
 // Request is one attempt to send.
 type Request struct {
 	URL    string
@@ -28,6 +32,7 @@ type Try struct {
 	Status     int           `json:"status"`            // 0 when the connection dropped
 	Replica    string        `json:"replica,omitempty"` // the replica that answered (its Lab-Replica header)
 	Replayed   bool          `json:"replayed"`
+	From       string        `json:"replayed_from,omitempty"` // where the replay was read, when the design says
 	Code       string        `json:"code,omitempty"`
 	Error      string        `json:"error,omitempty"`
 	StartMS    float64       `json:"start_ms"` // since the barrier's release
@@ -146,6 +151,7 @@ func send(ctx context.Context, client *http.Client, req Request, released time.T
 	t.Status = resp.StatusCode
 	t.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	t.Replica = resp.Header.Get(ReplicaHeader)
+	t.From = resp.Header.Get(ReplayedFromHeader)
 	t.Code = problemCode(t.Body)
 	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
 		t.retryAfter = time.Duration(s) * time.Second / 4 // the lab retries faster than a real client

@@ -118,24 +118,27 @@ type Report struct {
 	CapturesWithoutCharge int `json:"captures_without_charge"`
 	// ChargesNeverCaptured are charges whose effects were given up (or,
 	// sent directly, lost) and never reached the provider.
-	ChargesNeverCaptured int         `json:"charges_never_captured"`
-	SideEffectTransport  string      `json:"side_effect_transport"`
-	ReceiptsMissing      int         `json:"receipts_missing"`
-	OutboxPending        int         `json:"outbox_pending"`
-	OutboxDelivered      int         `json:"outbox_delivered"`
-	KeyBefore            string      `json:"key_before"` // what the store held for the key when the run began
-	KeyAfterFault        string      `json:"key_after_fault,omitempty"`
-	LookupOverheadMS     float64     `json:"lookup_overhead_ms"`
-	DedupeWindowMS       int64       `json:"dedupe_window_ms,omitempty"`
-	BarrierSpreadMS      float64     `json:"barrier_spread_ms"`
-	WallMS               float64     `json:"wall_ms"`
-	Verdict              lab.Verdict `json:"verdict"`
-	ExpectedVerdict      lab.Verdict `json:"expected_verdict"`
-	Reason               string      `json:"reason"`
-	Explanation          string      `json:"explanation"`
-	Note                 string      `json:"note"`
-	Timeline             []Result    `json:"timeline"`
-	StartedAt            time.Time   `json:"started_at"`
+	ChargesNeverCaptured int     `json:"charges_never_captured"`
+	SideEffectTransport  string  `json:"side_effect_transport"`
+	ReceiptsMissing      int     `json:"receipts_missing"`
+	OutboxPending        int     `json:"outbox_pending"`
+	OutboxDelivered      int     `json:"outbox_delivered"`
+	KeyBefore            string  `json:"key_before"` // what the store held for the key when the run began
+	KeyAfterFault        string  `json:"key_after_fault,omitempty"`
+	LookupOverheadMS     float64 `json:"lookup_overhead_ms"`
+	// LookupOverheadByPath is the median replay latency per place a replay
+	// was read from, for designs that say (a cache, then the database).
+	LookupOverheadByPath map[string]float64 `json:"lookup_overhead_ms_by_path,omitempty"`
+	DedupeWindowMS       int64              `json:"dedupe_window_ms,omitempty"`
+	BarrierSpreadMS      float64            `json:"barrier_spread_ms"`
+	WallMS               float64            `json:"wall_ms"`
+	Verdict              lab.Verdict        `json:"verdict"`
+	ExpectedVerdict      lab.Verdict        `json:"expected_verdict"`
+	Reason               string             `json:"reason"`
+	Explanation          string             `json:"explanation"`
+	Note                 string             `json:"note"`
+	Timeline             []Result           `json:"timeline"`
+	StartedAt            time.Time          `json:"started_at"`
 }
 
 // Run executes spec against targets (one base URL per replica; attempts go
@@ -464,6 +467,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered
 
 	var replayLatencies []float64
+	byPath := map[string][]float64{}
 	var unanswered []string
 	for i, res := range rep.Timeline {
 		f := res.Final()
@@ -471,6 +475,9 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		case f.Replayed:
 			rep.IdempotencyHits++
 			replayLatencies = append(replayLatencies, f.LatencyMS)
+			if f.From != "" {
+				byPath[f.From] = append(byPath[f.From], f.LatencyMS)
+			}
 		case f.Status == http.StatusUnprocessableEntity:
 			rep.Rejections++
 		case f.Status == http.StatusConflict && f.Code == "idempotency_in_progress":
@@ -491,6 +498,12 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		}
 	}
 	rep.LookupOverheadMS = median(replayLatencies)
+	for path, ls := range byPath {
+		if rep.LookupOverheadByPath == nil {
+			rep.LookupOverheadByPath = map[string]float64{}
+		}
+		rep.LookupOverheadByPath[path] = median(ls)
+	}
 
 	rep.ExpectedVerdict = r.expected(spec, rep.Replicas)
 	v, _ := r.Variants.Get(spec.Store)

@@ -336,7 +336,7 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 // them, for the admin), and nothing else.
 func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	if ns == "" {
-		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, idempotency_requests, account_balances`); err != nil {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, cached_requests, idempotency_requests, account_balances`); err != nil {
 			return fmt.Errorf("error truncating the lab's tables: %w", err)
 		}
 		return nil
@@ -348,6 +348,8 @@ func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 			`DELETE FROM outbox WHERE namespace = $1`,
 			`DELETE FROM charges WHERE namespace = $1`,
 			`DELETE FROM idempotency_requests WHERE namespace = $1`,
+			`DELETE FROM cached_requests WHERE namespace = $1`,
+			`DELETE FROM lease_requests WHERE namespace = $1`,
 			`DELETE FROM account_balances WHERE split_part(tenant_id, '~', 1) = $1`,
 		} {
 			if _, err := tx.Exec(ctx, q, string(ns)); err != nil {

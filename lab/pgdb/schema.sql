@@ -168,3 +168,7 @@ CREATE TABLE IF NOT EXISTS fenced_writes (
     namespace       text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED
 );
 CREATE INDEX IF NOT EXISTS fenced_writes_run ON fenced_writes (run_id);
+
+-- The keys of the redis+postgres design: PostgreSQL decides as the
+-- postgres design does, in a table of its own so the two never share a key.
+CREATE TABLE IF NOT EXISTS cached_requests (LIKE idempotency_requests INCLUDING ALL);

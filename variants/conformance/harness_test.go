@@ -298,7 +298,7 @@ func (e *env) waitInFlight(t tb, sc lab.Scope) {
 				JOIN pg_class c ON c.oid = l.relation
 				JOIN pg_namespace n ON n.oid = c.relnamespace
 				JOIN pg_stat_activity a ON a.pid = l.pid
-				WHERE n.nspname = $1 AND c.relname = 'idempotency_requests' AND l.mode = 'RowExclusiveLock'
+				WHERE n.nspname = $1 AND c.relname IN ('idempotency_requests', 'cached_requests') AND l.mode = 'RowExclusiveLock'
 				  AND l.granted AND a.state = 'idle in transaction' AND a.backend_xid IS NOT NULL`, e.svc.schema).Scan(&held)
 			if err != nil {
 				t.Fatalf("reading locks: %v", err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -67,6 +68,7 @@ var crashEffects = map[lab.StoreName]crashEffect{
 	redis.Name:    crashLeavesClaim,
 	postgres.Name: crashRollsBack,
 	lease.Name:    crashLeavesLease,
+	cached.Name:   crashRollsBack, // PostgreSQL decides; the cache is filled only after the commit
 }
 
 // profile is what the model needs to know of a design.

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +23,7 @@ import (
 // (tenant, endpoint, key) picks one owner, and the owner commits key, charge,
 // outbox event and response in one transaction.
 type Store struct {
+	table   string // the key table: idempotency_requests, or another design's copy of it
 	pool    *pgxpool.Pool
 	window  time.Duration
 	wait    time.Duration
@@ -38,6 +41,9 @@ type Store struct {
 
 // Config configures a Store; every field but ResetPools is required.
 type Config struct {
+	// Table holds the keys: idempotency_requests for this design; a design
+	// built on it keeps its keys apart in a table of the same shape.
+	Table   string
 	Pool    *pgxpool.Pool // its search_path is the lab's schema (pgdb.Open)
 	Window  time.Duration // key retention
 	Wait    time.Duration // bound on waiting for a connection, then for a twin in flight
@@ -57,14 +63,29 @@ func New(cfg Config) (*Store, error) {
 		return nil, errors.New("postgres: an application_name is required, so a restart finds only this lab's sessions")
 	case cfg.Window <= 0 || cfg.Wait <= 0:
 		return nil, fmt.Errorf("postgres: window and wait must be positive (got %s, %s)", cfg.Window, cfg.Wait)
+	case !keyTable.MatchString(cfg.Table):
+		return nil, fmt.Errorf("postgres: key table %q must be a plain lower-case name", cfg.Table)
 	}
 	reset := cfg.ResetPools
 	if reset == nil {
 		reset = cfg.Pool.Reset
 	}
-	return &Store{pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now,
+	return &Store{table: cfg.Table, pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now,
 		budget: max(1, int(cfg.Pool.Config().MaxConns)/4),
 		held:   map[lab.Namespace]chan struct{}{}, inUse: map[lab.Namespace]map[uint32]int{}}, nil
+}
+
+// DefaultTable is the postgres design's key table.
+const DefaultTable = "idempotency_requests"
+
+var keyTable = regexp.MustCompile(`^[a-z_]{1,63}$`)
+
+// q names the store's key table in a statement written for the default one.
+func (s *Store) q(sql string) string {
+	if s.table == DefaultTable {
+		return sql
+	}
+	return strings.ReplaceAll(sql, DefaultTable, s.table)
 }
 
 // slots is the namespace's connection budget.
@@ -191,9 +212,9 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	default:
 		resp = lab.ChargeResponse(c)
 	}
-	if _, err := tx.Exec(ctx, `
+	if _, err := tx.Exec(ctx, s.q(`
 		UPDATE idempotency_requests SET state = 'completed', response_status = $4, response_body = $5, resource_id = $6
-		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
 		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, resp.Status, resp.Body, c.ID); err != nil {
 		return out, fmt.Errorf("error storing response: %w", err)
 	}
@@ -214,11 +235,11 @@ type keyRow struct {
 	expired            bool
 }
 
-func readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope, now time.Time) (keyRow, error) {
+func (s *Store) readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope, now time.Time) (keyRow, error) {
 	var k keyRow
-	err := tx.QueryRow(ctx, `
+	err := tx.QueryRow(ctx, s.q(`
 		SELECT request_fingerprint, state, response_status, response_body, expires_at <= $4
-		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
 		sc.Tenant, sc.Endpoint, sc.Key, now).Scan(&k.fingerprint, &k.state, &k.status, &k.body, &k.expired)
 	return k, err
 }
@@ -232,18 +253,18 @@ func readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope, now time.Time) (keyRo
 func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, now time.Time, retention time.Duration) (bool, keyRow, error) {
 	sc := a.Scope
 	for try := 0; try < 3; try++ {
-		err := tx.QueryRow(ctx, `
+		err := tx.QueryRow(ctx, s.q(`
 			INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
 			VALUES ($1, $2, $3, $4, 'in_flight', $6::timestamptz, $6::timestamptz + make_interval(secs => $5))
 			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
-			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
+			RETURNING true`), sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
 		if err == nil {
 			return true, keyRow{}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return false, keyRow{}, fmt.Errorf("error claiming key: %w", err)
 		}
-		row, err := readKey(ctx, tx, sc, now)
+		row, err := s.readKey(ctx, tx, sc, now)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // swept between the two statements: insert again
@@ -252,12 +273,12 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, now time.Ti
 		case !row.expired:
 			return false, row, nil
 		}
-		err = tx.QueryRow(ctx, `
+		err = tx.QueryRow(ctx, s.q(`
 			UPDATE idempotency_requests
 			SET request_fingerprint = $4, state = 'in_flight', response_status = NULL, response_body = NULL,
 			    resource_id = NULL, created_at = $6::timestamptz, expires_at = $6::timestamptz + make_interval(secs => $5)
 			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND expires_at <= $6
-			RETURNING true`, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
+			RETURNING true`), sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
 		switch {
 		case err == nil:
 			return true, keyRow{}, nil
@@ -265,7 +286,7 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, now time.Ti
 			return false, row, fmt.Errorf("error taking over expired key: %w", err)
 		}
 		// Someone else took it over first: answer from theirs.
-		if row, err = readKey(ctx, tx, sc, now); err == nil {
+		if row, err = s.readKey(ctx, tx, sc, now); err == nil {
 			return false, row, nil
 		} else if !errors.Is(err, pgx.ErrNoRows) {
 			return false, row, fmt.Errorf("error reading key: %w", err)
@@ -294,7 +315,7 @@ func isLockTimeout(err error) bool {
 func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
 	var state string
 	var live bool
-	err := s.pool.QueryRow(ctx, `SELECT state, expires_at > $4 FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
+	err := s.pool.QueryRow(ctx, s.q(`SELECT state, expires_at > $4 FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
 		sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&state, &live)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && !live:
@@ -311,14 +332,14 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 	// Counted up to maxCounted, so a listing costs what it lists and not
 	// what the table holds; the listing itself walks the (namespace,
 	// created_at) index for limit rows.
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE $1 = '' OR namespace = $1 LIMIT $2) AS k`,
+	if err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE $1 = '' OR namespace = $1 LIMIT $2) AS k`),
 		string(ns), maxCounted).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.pool.Query(ctx, s.q(`
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
 		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
-		FROM idempotency_requests WHERE $3 = '' OR namespace = $3 ORDER BY created_at DESC LIMIT $1`, limit, s.now(), string(ns))
+		FROM idempotency_requests WHERE $3 = '' OR namespace = $3 ORDER BY created_at DESC LIMIT $1`), limit, s.now(), string(ns))
 	if err != nil {
 		return nil, 0, fmt.Errorf("error listing keys: %w", err)
 	}
@@ -335,7 +356,7 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 
 // Reset deletes every key row.
 func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
-	if _, err := s.pool.Exec(ctx, `DELETE FROM idempotency_requests WHERE $1 = '' OR namespace = $1`, string(ns)); err != nil {
+	if _, err := s.pool.Exec(ctx, s.q(`DELETE FROM idempotency_requests WHERE $1 = '' OR namespace = $1`), string(ns)); err != nil {
 		return fmt.Errorf("error deleting keys: %w", err)
 	}
 	return nil
@@ -380,9 +401,9 @@ const sweepBatch = 1000
 func (s *Store) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, `
+		tag, err := s.pool.Exec(ctx, s.q(`
 			DELETE FROM idempotency_requests WHERE ctid = ANY (ARRAY(
-				SELECT ctid FROM idempotency_requests WHERE expires_at <= $2 LIMIT $1 FOR UPDATE SKIP LOCKED))`, sweepBatch, s.now())
+				SELECT ctid FROM idempotency_requests WHERE expires_at <= $2 LIMIT $1 FOR UPDATE SKIP LOCKED))`), sweepBatch, s.now())
 		if err != nil {
 			return total, fmt.Errorf("error sweeping keys: %w", err)
 		}
@@ -399,13 +420,28 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 // PostgreSQL itself reports (server time: a gauge, not a verdict).
 func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 	var secs float64
-	err := s.pool.QueryRow(ctx, `
+	err := s.pool.QueryRow(ctx, s.q(`
 		SELECT coalesce(extract(epoch FROM max(clock_timestamp() - a.xact_start)), 0)::float8
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.relation = 'idempotency_requests'::regclass AND l.mode = 'RowExclusiveLock' AND l.granted
-		  AND a.application_name = $1 AND a.pid <> pg_backend_pid()`, s.appName).Scan(&secs)
+		  AND a.application_name = $1 AND a.pid <> pg_backend_pid()`), s.appName).Scan(&secs)
 	if err != nil {
 		return 0, fmt.Errorf("error reading the oldest claiming transaction: %w", err)
 	}
 	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// Expiry reports when a completed key expires, for a cache that must not
+// outlive it; false when the key is not completed.
+func (s *Store) Expiry(ctx context.Context, sc lab.Scope) (time.Time, bool, error) {
+	var at time.Time
+	err := s.pool.QueryRow(ctx, s.q(`SELECT expires_at FROM idempotency_requests
+		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND state = 'completed'`), sc.Tenant, sc.Endpoint, sc.Key).Scan(&at)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return at, false, nil
+	case err != nil:
+		return at, false, fmt.Errorf("error reading the key's expiry: %w", err)
+	}
+	return at, true, nil
 }

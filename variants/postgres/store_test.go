@@ -56,6 +56,9 @@ func newStore(tb testing.TB, cfg postgres.Config) *postgres.Store {
 	if cfg.AppName == "" {
 		cfg.AppName = "lab-test"
 	}
+	if cfg.Table == "" {
+		cfg.Table = postgres.DefaultTable
+	}
 	s, err := postgres.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
