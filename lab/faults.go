@@ -25,6 +25,10 @@ const (
 	// GC pause, a partition); a retry takes over, then the first wakes up
 	// and writes.
 	FaultStaleWorker FaultPoint = "stale_worker"
+	// FaultFailover promotes the Redis replica after the first attempt
+	// wrote to the primary, while replication was held back: what the
+	// primary acknowledged is gone, and the retries reach the new primary.
+	FaultFailover FaultPoint = "failover"
 )
 
 // FaultSpec describes a fault for the index and the page's controls.
@@ -45,6 +49,7 @@ func FaultSpecs() []FaultSpec {
 		{FaultStoreRestart, "the store restarts between charge and retry", nil},
 		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}},
 		{FaultStaleWorker, "a worker pauses past its lease, a retry takes over, then it writes", []string{"work_ms", "ttl_ms"}},
+		{FaultFailover, "Redis fails over before the claim replicated", nil},
 	}
 }
 
@@ -70,6 +75,9 @@ type Faults struct {
 	Work      time.Duration // slow: duration of the work
 	ClaimTTL  time.Duration // redis claim TTL override
 	Retention time.Duration // key retention override (expired)
+	// OnPair sends the attempt's Redis commands to the lab's primary and
+	// replica pair, where a failover can happen (redis=pair).
+	OnPair bool
 	// RandomCaptureKey makes the charge's capture at the provider use a new
 	// random key per delivery attempt instead of one derived from the
 	// charge: the effect-side mistake (capture_key=random).
@@ -105,6 +113,9 @@ func (f Faults) String() string {
 	if f.RandomCaptureKey {
 		parts = append(parts, "capture_key="+CaptureKeyRandom)
 	}
+	if f.OnPair {
+		parts = append(parts, "redis=pair")
+	}
 	return strings.Join(parts, "; ")
 }
 
@@ -134,6 +145,13 @@ func ParseFaults(h string) (Faults, error) {
 			f.Point = point
 			continue
 		}
+		if name == "redis" {
+			if strings.TrimSpace(value) != "pair" {
+				return f, Invalid(FaultHeader, "redis must be pair (got %q)", value)
+			}
+			f.OnPair = true
+			continue
+		}
 		if name == "capture_key" {
 			switch strings.TrimSpace(value) {
 			case CaptureKeyRandom:
@@ -153,13 +171,16 @@ func ParseFaults(h string) (Faults, error) {
 		case "window_ms":
 			dst = &f.Retention
 		default:
-			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key", name)
+			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis", name)
 		}
 		ms, err := ParseInt(FaultHeader, value, true, 0, 1, 60_000)
 		if err != nil {
 			return f, Invalid(FaultHeader, "%s must be an integer in 1..60000 (got %q)", name, value)
 		}
 		*dst = time.Duration(ms) * time.Millisecond
+	}
+	if f.Has(FaultFailover) {
+		f.OnPair = true // a failover happens on the pair
 	}
 	if f.Pauses() && f.Work == 0 {
 		return f, Invalid(FaultHeader, "%s needs work_ms in 1..60000", f.Point)

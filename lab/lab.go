@@ -109,6 +109,10 @@ type Outcome struct {
 	Pending *Operation
 }
 
+// ErrFailoverUnderWay refuses a second failover of the Redis pair while
+// one runs.
+var ErrFailoverUnderWay = errors.New("a failover is under way on the Redis pair; retry when it ends")
+
 // ErrOperationNotFound is a status asked of a key no operation holds.
 var ErrOperationNotFound = errors.New("no operation under this key")
 

@@ -163,7 +163,9 @@ func TestOutboxFailureReports(t *testing.T) {
 // TestMatrix runs the breakage matrix once and checks its verdicts against
 // the brief's lesson and its markdown against the README's copy.
 func TestMatrix(t *testing.T) {
-	a := labtest.Start(t, fullConfig(t))
+	cfg := fullConfig(t)
+	cfg.RedisPair = true // the failover row runs on two redis-server processes
+	a := labtest.Start(t, cfg)
 	m, err := a.Server().Matrix(t.Context(), a.Public(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -194,6 +196,7 @@ func TestMatrix(t *testing.T) {
 		"expired":            {B, B, B, B, B, B},
 		"expired_order_id":   {H, H, H, H, H, H},
 		"stale_worker":       {B, H, B, H, H, H},
+		"failover":           {B, H, B, H, H, H},
 		"reused":             {B, H, H, H, H, H},
 		"tenants":            {B, H, H, H, H, H},
 	}

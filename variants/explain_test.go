@@ -12,6 +12,8 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
+	"github.com/idempotency-lab/lab/variants/cached"
+	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
 )
@@ -21,11 +23,13 @@ import (
 // checks that each explanation's claims are the run's own figures.
 func TestExplanationsMatchTheirNumbers(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	cfg := fullConfig(t)
+	cfg.RedisPair = true // the failover case
+	a := labtest.Start(t, cfg)
 	id := a.Public()
 	second := id.Second()
 	for _, c := range experiment.Cases() {
-		for _, store := range []lab.StoreName{nokey.Name, memory.Name, redis.Name, postgres.Name} {
+		for _, store := range []lab.StoreName{nokey.Name, memory.Name, redis.Name, postgres.Name, lease.Name, cached.Name} {
 			key := fmt.Sprintf("explain-%s-%s", c.Name, store)
 			spec := experiment.Spec{
 				Store: store, Scenario: c.Scenario, Key: key, Account: "acct-1", AmountCents: 2500, Attempts: c.Attempts,

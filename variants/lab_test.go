@@ -20,6 +20,7 @@ func labConfig(opts ...func(*app.Config)) app.Config {
 	cfg.Variants = variants.Builtin()
 	cfg.Addr = "127.0.0.1:0"
 	cfg.EmbedPostgres, cfg.EmbedRedis = false, false
+	cfg.RedisPair = false // two redis-server processes per lab: only the tests that fail over start them
 	for _, o := range opts {
 		o(&cfg)
 	}

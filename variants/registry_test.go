@@ -21,6 +21,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig(func(c *app.Config) {
 		c.Variants = append(variants.Builtin(), labtest.LookFirst())
+		c.RedisPair = true // every row of the matrix runs, failover included
 	}))
 
 	index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, ""))

@@ -197,6 +197,8 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 		if spec.Faults.Work <= spec.Faults.ClaimTTL {
 			return spec, 0, lab.Invalid("work_ms", "must exceed ttl_ms (%d): the worker has to outlive its lease", spec.Faults.ClaimTTL.Milliseconds())
 		}
+	case lab.FaultFailover:
+		spec.Faults.OnPair = true // every attempt of the run goes to the pair
 	case lab.FaultExpired:
 		window, err := q.Int("window_ms", defaultWindowMS, 1, 60_000)
 		if err != nil {
@@ -490,7 +492,8 @@ func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(
 			}
 			return cmp.Or(s.deps.Unavailable[store], "not available on this server")
 		},
-		Targets: s.deps.Cluster.Targets, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
+		PairUnavailable: s.deps.Cluster.PairUnavailable(),
+		Targets:         s.deps.Cluster.Targets, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
 		Account: defaultAccount, Amount: defaultAmount, Progress: progress,
 	})
 }

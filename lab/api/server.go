@@ -90,6 +90,11 @@ type Cluster interface {
 	// ResetPeers makes the other replicas forget a namespace's keys (every
 	// namespace with all), acting with the caller's Authorization header.
 	ResetPeers(ctx context.Context, authorization string, all bool) error
+	// Failover steps the Redis pair through a failover ("hold", then
+	// "promote") and returns the primary's address.
+	Failover(ctx context.Context, step string) (string, error)
+	// PairUnavailable says why the failover fault cannot run ("" when it can).
+	PairUnavailable() string
 }
 
 // Deps are what the server works with.
@@ -195,6 +200,7 @@ func New(cfg Config, deps Deps) *Server {
 	g.GET("/lab/reconcile", s.reconcileCheck)
 	g.GET("/lab/effects", s.effectsMatrix)
 	g.GET("/operations/:key", s.operation)
+	g.POST("/lab/failover", s.failover)
 	s.echo = e
 	return s
 }
@@ -709,4 +715,37 @@ func (s *Server) operation(c echo.Context) error {
 		return err
 	}
 	return c.JSON(http.StatusOK, op)
+}
+
+// failover is POST /lab/failover?step=hold|promote: the failover fault's
+// two moves on the lab's Redis pair, which only failover runs use, so no
+// other namespace's keys are touched. One failover at a time.
+func (s *Server) failover(c echo.Context) error {
+	if err := s.requireFaults(); err != nil {
+		return err
+	}
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	step, err := q.Choice("step", "", "hold", "promote")
+	if err != nil {
+		return err
+	}
+	if step == "" {
+		return lab.Invalid("step", "is required: hold, then promote")
+	}
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	primary, err := s.deps.Cluster.Failover(c.Request().Context(), step)
+	if errors.Is(err, lab.ErrFailoverUnderWay) {
+		return problem(http.StatusConflict, "failover_under_way", "Failover under way", err.Error())
+	}
+	if err != nil {
+		return err
+	}
+	s.log.InfoContext(c.Request().Context(), "redis pair failover", "step", step, "primary", primary, "asked_by", nsName(who.view()))
+	return c.JSON(http.StatusOK, map[string]any{"step": step, "primary": primary})
 }

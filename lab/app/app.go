@@ -60,6 +60,10 @@ type App struct {
 	unavailable map[lab.StoreName]string
 	redisWhere  string // "embedded …" or "at REDIS_URL"
 
+	pair      *redisdb.Pair // the failover fault's primary and replica; nil without redis-server
+	pairHow   string        // why there is no pair, and how to have one
+	failingMu sync.Mutex    // one failover at a time
+
 	secret         []byte           // signs and verifies the provider's webhooks
 	providerClient *provider.Client // the payment provider, over HTTP
 	effects        *delivery.Provider
@@ -112,6 +116,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		a.closeAll()
 		return nil, err
 	}
+	a.openPair(ctx)
 	for _, v := range reg.All() {
 		if how := a.missing(v); how != "" {
 			a.unavailable[v.Name] = how
@@ -237,6 +242,11 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		client := goredis.NewClient(opts) // each replica its own client, as a separate process would
 		a.addCloser(func() { _ = client.Close() })
 		deps.Redis = client
+	}
+	if a.pair != nil {
+		client := a.pair.Client()
+		a.addCloser(func() { _ = client.Close() })
+		deps.RedisPair = client
 	}
 	if a.pool != nil {
 		// Each replica has its own pool, as a separate process would.

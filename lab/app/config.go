@@ -88,6 +88,10 @@ type Config struct {
 	// EmbedRedis starts an embedded Redis (miniredis) when RedisURL is
 	// unset. Default on.
 	EmbedRedis bool
+	// RedisPair starts a Redis primary and an asynchronously replicating
+	// replica (two throwaway redis-server processes, when installed) for
+	// the failover fault. Default on.
+	RedisPair bool
 	// Variants are the designs the lab offers, in presentation order. The
 	// command passes every built-in one (variants.Builtin).
 	Variants []variant.Variant
@@ -138,6 +142,7 @@ func DefaultConfig() Config {
 		EmbedPostgres:   true,
 		RedisPrefix:     "idempotency-lab:",
 		EmbedRedis:      true,
+		RedisPair:       true,
 		Relay:           relay.Defaults().Settings,
 		ProviderAddr:    "127.0.0.1:0",
 		ProviderTimeout: 2 * time.Second,

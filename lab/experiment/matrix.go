@@ -22,6 +22,9 @@ type Case struct {
 	Scenario Scenario   `json:"scenario"`
 	Faults   lab.Faults `json:"faults"`
 	OrderID  bool       `json:"order_id"`
+	// NeedsPair: the case fails Redis over, on the lab's primary and
+	// replica pair.
+	NeedsPair bool `json:"needs_pair,omitempty"`
 }
 
 // Cases are the matrix's scenarios: the lesson of the brief, row by row.
@@ -47,6 +50,8 @@ func Cases() []Case {
 			Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, OrderID: true},
 		{Name: "stale_worker", Title: "a worker pauses 600 ms past its 150 ms lease, a retry takes over, then it writes", Attempts: 3, Replicas: 1,
 			Faults: lab.Faults{Point: lab.FaultStaleWorker, Work: 600 * time.Millisecond, ClaimTTL: 150 * time.Millisecond}},
+		{Name: "failover", Title: "Redis fails over before the first attempt's writes replicated, then retries", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultFailover, OnPair: true, ClaimTTL: 300 * time.Millisecond}, NeedsPair: true},
 		{Name: "reused", Title: "same key, another amount", Attempts: 3, Replicas: 1, Scenario: ScenarioReused},
 		{Name: "tenants", Title: "two tenants, one key", Attempts: 4, Replicas: 1, Scenario: ScenarioTenants},
 	}
@@ -88,14 +93,17 @@ type MatrixRequest struct {
 	Stores []lab.StoreName // in column order; unavailable ones are reported, not run
 	// Unavailable says how to enable a store that cannot run here, "" when it can.
 	Unavailable func(store lab.StoreName) string
-	Targets     func(ctx context.Context, n int) ([]string, error)
-	Tenant      string // the namespace's first tenant, and its token
-	Token       string
-	OtherTenant string // its second tenant, and its token
-	Other       string
-	Account     string
-	Amount      int64
-	Progress    func(done, total int, c Case, store lab.StoreName)
+	// PairUnavailable says how to enable the cases that fail Redis over,
+	// "" when they can run.
+	PairUnavailable string
+	Targets         func(ctx context.Context, n int) ([]string, error)
+	Tenant          string // the namespace's first tenant, and its token
+	Token           string
+	OtherTenant     string // its second tenant, and its token
+	Other           string
+	Account         string
+	Amount          int64
+	Progress        func(done, total int, c Case, store lab.StoreName)
 }
 
 // RunMatrix runs every case on every available store, each on fresh keys.
@@ -109,6 +117,9 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 		row := Row{Case: c}
 		for _, store := range req.Stores {
 			how := req.Unavailable(store)
+			if c.NeedsPair && how == "" {
+				how = req.PairUnavailable
+			}
 			cell := Cell{Store: store, Available: how == "", HowToEnable: how}
 			if cell.Available {
 				rep, err := r.runCase(ctx, req, c, store, batch)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"slices"
@@ -224,6 +225,9 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 	if spec.Faults.Point == lab.FaultStaleWorker {
 		return r.fireStale(ctx, spec, reqs)
 	}
+	if spec.Faults.Point == lab.FaultFailover {
+		return r.fireFailover(ctx, spec, targets, reqs, rep)
+	}
 	// Phase one: the first attempt alone (carrying the fault, if any).
 	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
 	switch spec.Faults.Point {
@@ -275,6 +279,55 @@ func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request) ([]Re
 		rest[i].Attempt++
 	}
 	return append(<-firstDone, rest...), spread, nil
+}
+
+// fireFailover holds the Redis pair's replication back, sends the first
+// attempt (acknowledged by the primary alone), promotes the replica, and
+// sends the retries, which reach the new primary.
+func (r *Runner) fireFailover(ctx context.Context, spec Spec, targets []string, reqs []Request, rep *Report) ([]Result, time.Duration, error) {
+	if err := r.failoverStep(ctx, targets[0], spec.Token, "hold"); err != nil {
+		return nil, 0, err
+	}
+	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
+	// Promote whatever the first attempt did: the pair must not stay held.
+	if err := r.failoverStep(context.WithoutCancel(ctx), targets[0], spec.Token, "promote"); err != nil {
+		return nil, 0, err
+	}
+	state, err := r.keyState(ctx, targets[0], spec)
+	if err != nil {
+		return nil, 0, err
+	}
+	rep.KeyAfterFault = state
+	budget := 3*time.Second + 3*spec.Faults.ClaimTTL
+	rest, spread := Fire(ctx, r.Client, reqs[1:], Retry{Until: time.Now().Add(budget), Base: 50 * time.Millisecond})
+	for i := range rest {
+		rest[i].Attempt++
+	}
+	return append(first, rest...), spread, nil
+}
+
+// failoverStep asks the lab to move its Redis pair through a failover.
+func (r *Runner) failoverStep(ctx context.Context, target, token, step string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/lab/failover?step="+step, nil)
+	if err != nil {
+		return fmt.Errorf("error building the failover step %s: %w", step, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := r.Client.Do(req)
+	if err != nil {
+		return fmt.Errorf("error in the failover step %s: %w", step, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	switch {
+	case resp.StatusCode == http.StatusConflict:
+		return lab.ErrFailoverUnderWay
+	case resp.StatusCode == http.StatusServiceUnavailable:
+		return fmt.Errorf("%w: %s", lab.ErrStoreUnavailable, problemDetail(body))
+	case resp.StatusCode != http.StatusOK:
+		return fmt.Errorf("failover step %s: status %d: %s", step, resp.StatusCode, body)
+	}
+	return nil
 }
 
 func (r *Runner) request(spec Spec, target, run string, i int) Request {
@@ -636,4 +689,13 @@ func (r *Runner) reconcile(ctx context.Context, ns lab.Namespace, rep *Report) e
 		}
 	}
 	return nil
+}
+
+// problemDetail reads a problem's detail.
+func problemDetail(body []byte) string {
+	var p struct {
+		Detail string `json:"detail"`
+	}
+	_ = json.Unmarshal(body, &p)
+	return p.Detail
 }

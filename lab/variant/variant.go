@@ -99,6 +99,10 @@ type Deps struct {
 	Redis       *goredis.Client // this replica's own client
 	RedisPrefix string          // every Redis key the lab writes starts with it
 	RedisWhere  string          // how Redis is reached, for descriptions
+	// RedisPair is a client of the lab's primary and replica pair, always
+	// on the current primary: where the failover fault happens. Nil when
+	// the pair is not running (no redis-server installed, or turned off).
+	RedisPair *goredis.Client
 
 	Postgres *pgxpool.Pool // this replica's own pool (search_path is the lab's schema)
 	// AppName is the application_name of every session of this lab, so a

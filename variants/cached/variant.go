@@ -46,6 +46,8 @@ func Variant() variant.Variant {
 				Breaks: "past the retention window the key is new again in PostgreSQL, and the cache expired with it: the late retry charges again"},
 			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "PostgreSQL decides and held the paused worker's transaction open: the retry waited and replayed (a connection and a row lock held for the pause)",
 				Breaks: "the pause outlasted the bounded wait"},
+			variant.FaultCase(lab.FaultFailover): {Usual: lab.Holds, Holds: "PostgreSQL decides; whatever a Redis failover loses is only a cached copy",
+				Breaks: "a duplicate got in"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs (in Redis and in PostgreSQL): the other amount gets 422",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "keys carry the tenant in both places: each tenant is charged once",

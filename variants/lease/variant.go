@@ -40,6 +40,8 @@ func Variant() variant.Variant {
 				Breaks: "past the retention window the key is new again: without a permanent domain key (order_id) the late retry charges again"},
 			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "the retry took over with the next fencing token and charged; when the paused worker woke, the ledger refused its stale token (recorded in fenced_writes) — and no connection was held during the pause",
 				Breaks: "the stale worker's write got past the fence"},
+			variant.FaultCase(lab.FaultFailover): {Usual: lab.Holds, Holds: "claim and fencing token live in PostgreSQL: a Redis failover does not touch them",
+				Breaks: "a duplicate got in"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the committed fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "the primary key is (tenant, endpoint, key): each tenant is charged once",

@@ -41,6 +41,8 @@ func Variant() variant.Variant {
 				Breaks: "the key was evicted after its window: the late retry is a new operation"},
 			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "the in-process claim has no lifetime to outlive: the retry waited on the paused worker's entry (bounded) and replayed it",
 				Breaks: "the retry got past the paused worker's claim"},
+			variant.FaultCase(lab.FaultFailover): {Usual: lab.Holds, Holds: "the keys live in this process, not in Redis: the failover changed nothing",
+				Breaks: "a duplicate got in"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "keys are scoped by (tenant, endpoint, key): each tenant is charged once and sees only its own response",

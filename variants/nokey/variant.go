@@ -36,6 +36,8 @@ func Variant() variant.Variant {
 				Breaks: "no key is checked: the late retry charges like every other"},
 			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
 				Breaks: "nothing is claimed, so nothing can expire: the retry charges, and the paused worker charges too when it wakes"},
+			variant.FaultCase(lab.FaultFailover): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
+				Breaks: "nothing is stored anywhere: every retry charges, failover or not"},
 			variant.CaseReused:  {Usual: lab.Breaks, Holds: "only the first attempt could charge", Breaks: "the key is ignored, so another amount under the same key is simply another charge"},
 			variant.CaseTenants: {Usual: lab.Breaks, Holds: "each tenant was charged once", Breaks: "no key is checked: each tenant's attempts all charge"},
 		},

@@ -43,6 +43,8 @@ func Variant() variant.Variant {
 				Breaks: "past the retention window the key is new again: without a permanent domain key (order_id) the late retry charges again"},
 			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "the paused worker's transaction kept its row lock for the whole pause: the retry waited (bounded by the in-flight wait) and replayed — at the price of a connection and a row lock held for as long as the pause",
 				Breaks: "the pause outlasted the bounded wait"},
+			variant.FaultCase(lab.FaultFailover): {Usual: lab.Holds, Holds: "the key lives in PostgreSQL, committed with the charge: a Redis failover does not touch it",
+				Breaks: "a duplicate got in"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "the primary key is (tenant, endpoint, key): each tenant is charged once",

@@ -30,6 +30,9 @@ type Store struct {
 	claimTTL time.Duration
 	where    string
 	now      lab.Clock
+	// onPair is this store on the lab's primary and replica pair, for the
+	// attempts of a failover run; nil without a pair.
+	onPair *Store
 }
 
 // Config configures a Store; every field but Where is required.
@@ -42,6 +45,9 @@ type Config struct {
 	ClaimTTL time.Duration // lifetime of a claim
 	Where    string        // how the server is reached, for Describe
 	Now      lab.Clock
+	// Pair, when set, is a client of the lab's primary and replica pair:
+	// attempts carrying redis=pair claim there.
+	Pair *goredis.Client
 }
 
 // New returns a redis store.
@@ -54,8 +60,15 @@ func New(cfg Config) (*Store, error) {
 	case cfg.Window <= 0 || cfg.Wait <= 0 || cfg.ClaimTTL <= 0:
 		return nil, fmt.Errorf("redis: window, wait and claim TTL must be positive (got %s, %s, %s)", cfg.Window, cfg.Wait, cfg.ClaimTTL)
 	}
-	return &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
-		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: cfg.Now}, nil
+	s := &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
+		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: cfg.Now}
+	if cfg.Pair != nil {
+		pair := *s
+		pair.client, pair.where = cfg.Pair, "the lab's primary and replica pair"
+		pair.onPair = &pair // on the pair, every attempt stays there
+		s.onPair = &pair
+	}
+	return s, nil
 }
 
 // Name is the store's name.
@@ -148,6 +161,12 @@ return 0`)
 
 // Charge claims the key, charges the ledger, then caches the response.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	if a.Faults.OnPair && s.onPair != s && s.onPair != nil {
+		return s.onPair.Charge(ctx, a)
+	}
+	if a.Faults.OnPair && s.onPair == nil {
+		return lab.Outcome{}, fmt.Errorf("%w: the failover lesson needs the lab's Redis pair: install redis-server (apt-get install redis-server) and keep -redis-pair on", lab.ErrStoreUnavailable)
+	}
 	k := s.key(a.Scope)
 	ttl := s.claimTTL
 	if a.Faults.ClaimTTL > 0 {
@@ -363,13 +382,20 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 }
 
 // Reset deletes a namespace's keys ("" for all the lab's keys), and only those.
-func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error { return s.deleteAll(ctx, ns) }
+func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
+	if s.onPair != nil && s.onPair != s {
+		if err := s.onPair.deleteAll(ctx, ns); err != nil {
+			return fmt.Errorf("error resetting the Redis pair: %w", err)
+		}
+	}
+	return s.deleteAll(ctx, ns)
+}
 
 // Restart loses a namespace's keys ("" for all the lab's), as Redis
 // restarting without persistence loses every key. Only the lab's own keys
 // are deleted, never the whole database, and one attendee's restart never
 // touches another's keys.
-func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error { return s.deleteAll(ctx, ns) }
+func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error { return s.Reset(ctx, ns) }
 
 func (s *Store) deleteAll(ctx context.Context, ns lab.Namespace) error {
 	listings := []string{s.index(ns)}

@@ -24,7 +24,7 @@ func Variant() variant.Variant {
 		HowToEnable: "set REDIS_URL (e.g. redis://127.0.0.1:6379/0), or run lab serve with the embedded Redis (the default)",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
 			return New(Config{Client: d.Redis, Ledger: d.Ledger, Prefix: d.RedisPrefix, Window: d.Window,
-				Wait: d.Wait, ClaimTTL: d.ClaimTTL, Where: d.RedisWhere, Now: d.Clock})
+				Wait: d.Wait, ClaimTTL: d.ClaimTTL, Where: d.RedisWhere, Now: d.Clock, Pair: d.RedisPair})
 		},
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries: {Usual: lab.Holds, Holds: "SET NX lets one attempt claim the key; the others poll for the completed record and replay it",
@@ -46,6 +46,8 @@ func Variant() variant.Variant {
 				Breaks: "the record expired with its TTL: the late retry is a new operation"},
 			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Breaks, Holds: "the retry came before the claim expired",
 				Breaks: "the paused worker's claim expired with its TTL: the retry claimed the free key and charged, then the worker woke and charged too — nothing in the ledger knows its claim is gone"},
+			variant.FaultCase(lab.FaultFailover): {Usual: lab.Breaks, Holds: "the record had replicated before the failover",
+				Breaks: "the primary acknowledged the claim and the record, then the replica was promoted before they replicated (replication was held back by pointing the replica at a dead port): the new primary had never heard of the key, and the retry charged again — a lock in an asynchronously replicated store is not a lock"},
 			variant.CaseReused: {Usual: lab.Holds, Holds: "the stored fingerprint differs: the other amount gets 422 and charges nothing",
 				Breaks: "the other amount was charged"},
 			variant.CaseTenants: {Usual: lab.Holds, Holds: "Redis keys carry tenant and endpoint: each tenant is charged once",

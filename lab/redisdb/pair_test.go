@@ -1,0 +1,73 @@
+package redisdb_test
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idempotency-lab/lab/lab/redisdb"
+)
+
+// TestFailoverLosesWhatDidNotReplicate: a write acknowledged by the
+// primary while replication is held back is gone once the replica is
+// promoted; what replicated before stays, and the client follows the new
+// primary.
+func TestFailoverLosesWhatDidNotReplicate(t *testing.T) {
+	if _, err := redisdb.FindServer(); err != nil {
+		if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("%v; LAB_REQUIRE_SERVICES=1 makes that a failure", err)
+		}
+		t.Skip(err)
+	}
+	ctx := t.Context()
+	p, err := redisdb.StartPair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c := p.Client()
+	defer c.Close()
+	first := p.PrimaryAddr()
+	if err := c.Set(ctx, "before", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	replica := goredis.NewClient(&goredis.Options{Addr: p.ReplicaAddr()})
+	defer replica.Close()
+	for deadline := time.Now().Add(5 * time.Second); replica.Get(ctx, "before").Val() != "1"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the replica never got the first write")
+		}
+	}
+	if err := p.HoldReplication(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, "during", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p.PrimaryAddr() == first {
+		t.Fatal("the primary did not change")
+	}
+	if v := c.Get(ctx, "before").Val(); v != "1" {
+		t.Fatalf("a replicated write after the failover: %q", v)
+	}
+	if err := c.Get(ctx, "during").Err(); !errors.Is(err, goredis.Nil) {
+		t.Fatalf("the write acknowledged while replication was held: %v; want it lost", err)
+	}
+	// The pair is whole again: the old primary follows the new one.
+	if err := c.Set(ctx, "after", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	old := goredis.NewClient(&goredis.Options{Addr: first})
+	defer old.Close()
+	for deadline := time.Now().Add(5 * time.Second); old.Get(ctx, "after").Val() != "1"; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the old primary does not follow the new one")
+		}
+	}
+}
