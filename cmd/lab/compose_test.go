@@ -935,3 +935,28 @@ func TestComposeProvider(t *testing.T) {
 		}
 	}
 }
+
+// TestComposeRedisPair: every replica fails over the same primary and
+// replica pair, which replicates, and waits for it.
+func TestComposeRedisPair(t *testing.T) {
+	f := loadCompose(t)
+	replica, ok := f.Services["redis-pair-replica"]
+	if _, primary := f.Services["redis-pair-primary"]; !ok || !primary {
+		t.Fatal("the redis-pair services are missing")
+	}
+	if cmd := fmt.Sprint(replica.Command); !strings.Contains(cmd, "--replicaof redis-pair-primary 6379") {
+		t.Errorf("redis-pair-replica runs %s, want it replicating redis-pair-primary", cmd)
+	}
+	for _, name := range labReplicas {
+		s := f.Services[name]
+		env := s.env()
+		for k, host := range map[string]string{"LAB_REDIS_PAIR_PRIMARY": "redis-pair-primary", "LAB_REDIS_PAIR_REPLICA": "redis-pair-replica"} {
+			if u, err := url.Parse(env[k]); err != nil || u.Hostname() != host {
+				t.Errorf("%s: %s = %q, want the %s service", name, k, env[k], host)
+			}
+		}
+		if !s.waitsHealthy("redis-pair-replica") {
+			t.Errorf("%s does not wait for the Redis pair", name)
+		}
+	}
+}

@@ -59,6 +59,8 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"redis-url", "REDIS_URL", "Redis URL for the redis store", (*text)(&c.RedisURL)},
 		{"redis-prefix", "LAB_REDIS_PREFIX", "prefix of every Redis key the lab writes", (*text)(&c.RedisPrefix)},
 		{"embedded-redis", "LAB_EMBEDDED_REDIS", "without REDIS_URL, start an embedded Redis (miniredis); on or off", (*onOff)(&c.EmbedRedis)},
+		{"redis-pair-primary", "LAB_REDIS_PAIR_PRIMARY", "redis:// URL of a running primary to fail over instead of the throwaway pair", (*text)(&c.RedisPairPrimary)},
+		{"redis-pair-replica", "LAB_REDIS_PAIR_REPLICA", "redis:// URL of that primary's replica", (*text)(&c.RedisPairReplica)},
 		{"redis-pair", "LAB_REDIS_PAIR", "start a throwaway Redis primary and replica (redis-server) for the failover fault; on or off", (*onOff)(&c.RedisPair)},
 		{"log-level", "LAB_LOG_LEVEL", "debug, info, warn or error", (*text)(logLevel)},
 	}

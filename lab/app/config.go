@@ -92,6 +92,12 @@ type Config struct {
 	// replica (two throwaway redis-server processes, when installed) for
 	// the failover fault. Default on.
 	RedisPair bool
+	// RedisPairPrimary and RedisPairReplica are the redis:// URLs of a
+	// running primary and its replica to fail over instead of the
+	// throwaway pair (compose's redis-pair services; in cluster mode every
+	// process names the same two). Only failover runs use them. Default none.
+	RedisPairPrimary string
+	RedisPairReplica string
 	// Variants are the designs the lab offers, in presentation order. The
 	// command passes every built-in one (variants.Builtin).
 	Variants []variant.Variant
@@ -230,6 +236,9 @@ func (c Config) Validate() error {
 		}
 	} else if c.ProviderAddr == "" {
 		bad("provider addr is required when no provider URL is given (e.g. 127.0.0.1:0)")
+	}
+	if (c.RedisPairPrimary == "") != (c.RedisPairReplica == "") {
+		bad("the Redis pair needs both its primary and its replica URL (or neither)")
 	}
 	if c.ProviderTimeout <= 0 {
 		bad("provider timeout must be a positive duration (got %s)", c.ProviderTimeout)

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -11,12 +12,23 @@ import (
 // openPair starts the failover fault's primary and replica when asked and
 // redis-server is installed; otherwise the fault says how to have it.
 func (a *App) openPair(ctx context.Context) {
+	if a.cfg.RedisPairPrimary != "" {
+		p, err := redisdb.ConnectPair(ctx, a.cfg.RedisPairPrimary, a.cfg.RedisPairReplica)
+		if err != nil {
+			a.pairHow = "the given Redis pair does not answer as one: " + err.Error()
+			a.cfg.Logger.Warn("failover fault unavailable", "err", err)
+			return
+		}
+		a.pair = p
+		a.cfg.Logger.Info("using the given Redis primary and replica for the failover fault", "primary", p.PrimaryAddr(), "replica", p.ReplicaAddr())
+		return
+	}
 	switch {
 	case !a.cfg.RedisPair:
 		a.pairHow = "the Redis pair is off: run lab serve with -redis-pair on"
 		return
 	case len(a.cfg.Peers) > 0:
-		a.pairHow = "the failover fault runs on one lab process's own Redis pair, not in cluster mode"
+		a.pairHow = "in cluster mode every process must fail the same pair over: give it with -redis-pair-primary and -redis-pair-replica"
 		return
 	}
 	if _, err := redisdb.FindServer(); err != nil {
@@ -45,12 +57,16 @@ func (a *App) Failover(ctx context.Context, step string) (primary string, err er
 	defer a.failingMu.Unlock()
 	switch step {
 	case "hold":
-		if a.pair.Held() {
+		err = a.pair.HoldReplication(ctx)
+		if errors.Is(err, redisdb.ErrHeld) {
 			return "", lab.ErrFailoverUnderWay
 		}
-		err = a.pair.HoldReplication(ctx)
 	case "promote":
-		if !a.pair.Held() {
+		held, herr := a.pair.Held(ctx)
+		if herr != nil {
+			return "", fmt.Errorf("error reading the Redis pair: %w", herr)
+		}
+		if !held {
 			return "", lab.Invalid("step", "no failover is under way: hold replication first")
 		}
 		err = a.pair.Promote(ctx)

@@ -17,20 +17,56 @@ import (
 
 // Pair is a Redis primary with an asynchronously replicating replica: two
 // throwaway redis-server processes on loopback ports, without persistence,
-// removed on Close. It exists for the failover lesson: a write the primary
-// acknowledged is lost when the replica is promoted before it replicated.
+// removed on Close, or two servers the lab is given (ConnectPair). It
+// exists for the failover lesson: a write the primary acknowledged is lost
+// when the replica is promoted before it replicated. Which server is the
+// primary, and whether replication is held back, is read from the servers
+// themselves, so several lab processes can share one pair.
 type Pair struct {
 	servers [2]*server
 	mu      sync.Mutex
-	primary int // index of the current primary
-	held    bool
+	primary int // index of the primary last seen
 }
 
 type server struct {
-	cmd  *exec.Cmd
+	cmd  *exec.Cmd // nil for a server the lab was given
 	dir  string
 	addr string
 	done chan struct{}
+}
+
+// ConnectPair uses two running servers, one replicating the other (their
+// redis:// URLs, in either order: the roles are read from the servers).
+func ConnectPair(ctx context.Context, first, second string) (*Pair, error) {
+	p := &Pair{}
+	for i, u := range []string{first, second} {
+		opts, err := goredis.ParseURL(u)
+		if err != nil {
+			return nil, fmt.Errorf("error parsing the Redis pair's URL %q: %w", u, err)
+		}
+		p.servers[i] = &server{addr: opts.Addr}
+	}
+	if _, err := p.locate(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// locate finds the server that says it is a primary, and remembers it.
+func (p *Pair) locate(ctx context.Context) (int, error) {
+	p.mu.Lock()
+	last := p.primary
+	p.mu.Unlock()
+	for _, i := range []int{last, 1 - last} {
+		role, err := admin(ctx, p.servers[i].addr, "ROLE")
+		if err == nil && strings.HasPrefix(role, "[master") {
+			p.mu.Lock()
+			p.primary = i
+			p.mu.Unlock()
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("neither %s nor %s is a Redis primary", p.servers[0].addr, p.servers[1].addr)
 }
 
 // FindServer locates the redis-server binary.
@@ -158,25 +194,49 @@ func (p *Pair) ReplicaAddr() string {
 	return p.servers[1-p.primary].addr
 }
 
+// ErrHeld is a hold asked while replication is already held back.
+var ErrHeld = errors.New("replication is already held back")
+
+// Held reports whether the replica follows someone other than the primary:
+// replication is held back (a failover is under way).
+func (p *Pair) Held(ctx context.Context) (bool, error) {
+	primary, err := p.locate(ctx)
+	if err != nil {
+		return false, err
+	}
+	info, err := admin(ctx, p.servers[1-primary].addr, "INFO", "replication")
+	if err != nil {
+		return false, err
+	}
+	// The hold points the replica at another port; a replica reached
+	// through a name may know its primary by name, so the port decides.
+	_, port, _ := net.SplitHostPort(p.servers[primary].addr)
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_port:"); ok {
+			return v != port, nil
+		}
+	}
+	return true, nil // no primary at all: not following this one
+}
+
 // HoldReplication stops the replica from following the primary: it is
 // pointed at a port nobody listens on, so from now on nothing the primary
 // acknowledges reaches it, deterministically. The replica keeps what it
 // already had.
 func (p *Pair) HoldReplication(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.held {
-		return errors.New("replication is already held back")
+	held, err := p.Held(ctx)
+	switch {
+	case err != nil:
+		return err
+	case held:
+		return ErrHeld
 	}
 	nowhere, err := freePort()
 	if err != nil {
 		return err
 	}
-	if _, err := admin(ctx, p.servers[1-p.primary].addr, "REPLICAOF", "127.0.0.1", strconv.Itoa(nowhere)); err != nil {
-		return err
-	}
-	p.held = true
-	return nil
+	_, err = admin(ctx, p.ReplicaAddr(), "REPLICAOF", "127.0.0.1", strconv.Itoa(nowhere))
+	return err
 }
 
 // Promote fails over: the replica becomes the primary with what it has,
@@ -184,14 +244,17 @@ func (p *Pair) HoldReplication(ctx context.Context) error {
 // one), and the old primary rejoins as the new one's replica, dropping
 // what never replicated, as a failed-over primary does.
 func (p *Pair) Promote(ctx context.Context) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	newer, older := p.servers[1-p.primary], p.servers[p.primary]
+	primary, err := p.locate(ctx)
+	if err != nil {
+		return err
+	}
+	newer, older := p.servers[1-primary], p.servers[primary]
 	if _, err := admin(ctx, newer.addr, "REPLICAOF", "NO", "ONE"); err != nil {
 		return err
 	}
-	p.primary = 1 - p.primary
-	p.held = false
+	p.mu.Lock()
+	p.primary = 1 - primary
+	p.mu.Unlock()
 	host, port, _ := net.SplitHostPort(newer.addr)
 	if _, err := admin(ctx, older.addr, "REPLICAOF", host, port); err != nil {
 		return err
@@ -201,13 +264,6 @@ func (p *Pair) Promote(ctx context.Context) error {
 		return err
 	}
 	return p.waitLinked(ctx, older.addr)
-}
-
-// Held reports whether replication is held back.
-func (p *Pair) Held() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.held
 }
 
 // Close stops both servers and removes their directories.
@@ -220,6 +276,9 @@ func (p *Pair) Close() {
 }
 
 func (s *server) stop() {
+	if s.cmd == nil {
+		return // not ours to stop
+	}
 	_ = s.cmd.Process.Signal(os.Interrupt)
 	select {
 	case <-s.done:
@@ -230,13 +289,19 @@ func (s *server) stop() {
 	_ = os.RemoveAll(s.dir)
 }
 
-// Client returns a client that always dials the pair's current primary.
+// Client returns a client that always dials the pair's current primary:
+// each new connection asks the servers which one it is, so a client of a
+// lab process that did not fail the pair over follows it too.
 func (p *Pair) Client() *goredis.Client {
 	return goredis.NewClient(&goredis.Options{
 		Addr: "redis-pair", // a name only: the dialer picks the current primary
 		Dialer: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			i, err := p.locate(ctx)
+			if err != nil {
+				return nil, err
+			}
 			var d net.Dialer
-			return d.DialContext(ctx, network, p.PrimaryAddr())
+			return d.DialContext(ctx, network, p.servers[i].addr)
 		},
 	})
 }

@@ -71,3 +71,52 @@ func TestFailoverLosesWhatDidNotReplicate(t *testing.T) {
 		}
 	}
 }
+
+// TestPairSharedByTwoProcesses: two labs given the same pair (in either
+// order) see one failover: the second's hold is refused while the first's
+// is under way, and each one's client follows the new primary.
+func TestPairSharedByTwoProcesses(t *testing.T) {
+	if _, err := redisdb.FindServer(); err != nil {
+		if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
+			t.Fatalf("%v; LAB_REQUIRE_SERVICES=1 makes that a failure", err)
+		}
+		t.Skip(err)
+	}
+	ctx := t.Context()
+	own, err := redisdb.StartPair(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	first := own.PrimaryAddr()
+	given, err := redisdb.ConnectPair(ctx, "redis://"+own.ReplicaAddr()+"/0", "redis://"+first+"/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if given.PrimaryAddr() != first {
+		t.Fatalf("the given pair found %s as primary, want %s", given.PrimaryAddr(), first)
+	}
+	if err := own.HoldReplication(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := given.HoldReplication(ctx); !errors.Is(err, redisdb.ErrHeld) {
+		t.Fatalf("a second hold: %v, want ErrHeld", err)
+	}
+	if held, err := given.Held(ctx); err != nil || !held {
+		t.Fatalf("the other process sees held=%v (%v)", held, err)
+	}
+	if err := given.Promote(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c := own.Client() // the process that did not promote
+	defer c.Close()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("a write through the other process's client after the failover: %v", err)
+	}
+	if own.PrimaryAddr() == first {
+		t.Fatal("the other process still takes the old primary for the primary")
+	}
+	if held, err := own.Held(ctx); err != nil || held {
+		t.Fatalf("after the failover: held=%v (%v)", held, err)
+	}
+}
