@@ -42,7 +42,7 @@ func TestOperationsRoute(t *testing.T) {
 		t.Fatalf("twin during the work: %d %v %s; want 202 with Location and Retry-After", twin.Status, twin.Header, twin.Body)
 	}
 	op := labtest.Decode[lab.Operation](t, twin)
-	if op.State != lab.KeyInFlight || op.Token != 1 || op.LeaseExpires.IsZero() {
+	if op.State != lab.KeyInFlight || op.Token < 1 || op.LeaseExpires.IsZero() {
 		t.Fatalf("the 202's operation %+v", op)
 	}
 	first := <-owner

@@ -131,6 +131,10 @@ CREATE TABLE IF NOT EXISTS lease_requests (
     PRIMARY KEY (tenant_id, endpoint, idempotency_key)
 );
 CREATE INDEX IF NOT EXISTS lease_requests_namespace ON lease_requests (namespace, created_at DESC);
+-- Fencing tokens come from one sequence: a take-over's token is higher than
+-- every token issued before, and a key swept and claimed anew never gets a
+-- token a stale worker could still hold.
+CREATE SEQUENCE IF NOT EXISTS lease_tokens;
 CREATE INDEX IF NOT EXISTS lease_requests_expires_at ON lease_requests (expires_at);
 
 -- The resource checks the fence, not the worker: a ledger row carrying a

@@ -139,18 +139,20 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 	sc := a.Scope
 	for try := 0; try < 3; try++ {
 		now := s.now()
-		cl := claim{token: 1, chargeID: lab.NewChargeID()}
-		tag, err := s.pool.Exec(ctx, `
+		cl := claim{chargeID: lab.NewChargeID()}
+		err := s.pool.QueryRow(ctx, `
 			INSERT INTO lease_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, attempt_token,
 			                            lease_expires_at, charge_id, created_at, expires_at)
-			VALUES ($1, $2, $3, $4, 'in_flight', 1, $6::timestamptz + make_interval(secs => $5), $7, $6, $6::timestamptz + make_interval(secs => $8))
-			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING`,
-			sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, lease.Seconds(), now, cl.chargeID, retention.Seconds())
-		if err != nil {
-			return nil, row{}, fmt.Errorf("error claiming key: %w", err)
-		}
-		if tag.RowsAffected() == 1 {
+			VALUES ($1, $2, $3, $4, 'in_flight', nextval('lease_tokens'), $6::timestamptz + make_interval(secs => $5), $7, $6,
+			        $6::timestamptz + make_interval(secs => $8))
+			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
+			RETURNING attempt_token`,
+			sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, lease.Seconds(), now, cl.chargeID, retention.Seconds()).Scan(&cl.token)
+		if err == nil {
 			return &cl, row{}, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return nil, row{}, fmt.Errorf("error claiming key: %w", err)
 		}
 		r, err := s.read(ctx, sc, now)
 		switch {
@@ -166,11 +168,11 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 		if !takeOver {
 			return nil, r, nil
 		}
-		// The next token, if nobody took it first: the old holder's token
+		// A higher token, if nobody took it first: the old holder's token
 		// is stale from this commit on.
 		err = s.pool.QueryRow(ctx, `
 			UPDATE lease_requests
-			SET attempt_token = attempt_token + 1, state = 'in_flight', request_fingerprint = $4, charge_id = $7,
+			SET attempt_token = nextval('lease_tokens'), state = 'in_flight', request_fingerprint = $4, charge_id = $7,
 			    lease_expires_at = $6::timestamptz + make_interval(secs => $5), response_status = NULL, response_body = NULL,
 			    created_at = CASE WHEN state = 'completed' THEN $6 ELSE created_at END,
 			    expires_at = $6::timestamptz + make_interval(secs => $8)
