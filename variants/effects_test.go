@@ -208,15 +208,27 @@ func TestWebhooksDuplicatedReorderedForged(t *testing.T) {
 	if rec.Agree != charges || rec.Disagree != 0 {
 		t.Fatalf("reconciliation %+v: want %d charges paid", rec, charges)
 	}
-	m := scrape(t, a.URL())
 	// Each charge: its final event applied, its duplicate refused as such,
-	// the late processing event ignored, the forged copy refused.
-	// Webhooks are counted per lab process, and this lab is alone.
+	// the late processing event ignored, the forged copy refused. Webhooks
+	// are counted per lab process, and this lab is alone. The late
+	// processing events may still be on their way once every charge is
+	// paid: wait for the counts to settle, then insist on them.
 	want := map[string]float64{
 		`lab_webhooks_total{outcome="applied"}`:       charges,
 		`lab_webhooks_total{outcome="duplicate"}`:     charges,
 		`lab_webhooks_total{outcome="ignored"}`:       charges,
 		`lab_webhooks_total{outcome="bad_signature"}`: charges,
+	}
+	var m map[string]float64
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		m = scrape(t, a.URL())
+		all := true
+		for series, n := range want {
+			all = all && m[series] >= n
+		}
+		if all || time.Now().After(deadline) {
+			break
+		}
 	}
 	for series, n := range want {
 		if m[series] != n {
@@ -417,4 +429,49 @@ func TestEffectsMatrix(t *testing.T) {
 	if !strings.Contains(string(readme), md.String()) {
 		t.Errorf("README.md lacks the effects matrix as it runs:\n%s", md.String())
 	}
+}
+
+// TestWebhooksOfOneNamespaceDoNotWaitForAnother: globex floods the provider
+// with captures of charges that rolled back, whose webhooks the lab answers
+// 404 and the provider retries; acme's charge is paid meanwhile, while
+// globex's webhooks are still being retried — no worker waits out a backoff.
+func TestWebhooksOfOneNamespaceDoNotWaitForAnother(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, labConfig())
+	const flood = 64
+	var wg sync.WaitGroup
+	for range flood {
+		wg.Go(func() {
+			h := http.Header{"Authorization": {"Bearer " + labtest.Globex}, "Content-Type": {"application/json"}, lab.FaultHeader: {"outbox_fail"}}
+			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=unsafe", h, body2500); r.Status != http.StatusServiceUnavailable {
+				t.Errorf("a rolled-back charge: %d %s", r.Status, r.Body)
+			}
+		})
+	}
+	wg.Wait()
+	r := labtest.Charge(t, a.URL(), "memory", labtest.Acme, "k-not-behind", body2500)
+	if r.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", r.Status, r.Body)
+	}
+	id := labtest.Decode[lab.Charge](t, r).ID
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ps, err := a.Books().Payments(t.Context(), "acme", "", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) == 1 && ps[0].ChargeID == id && ps[0].State == lab.PaymentSucceeded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acme's charge never paid: %+v", ps)
+		}
+	}
+	got, err := a.Provider().Stats(t.Context(), provider.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.WebhooksFailed >= 2*flood {
+		t.Fatalf("acme was paid only after all %d of globex's webhooks were given up (%d): it waited behind them", 2*flood, got.WebhooksFailed)
+	}
+	t.Logf("acme paid while globex's webhooks were still retried: %d given up, %d refused so far", got.WebhooksFailed, got.WebhooksRejected)
 }

@@ -45,6 +45,16 @@ func TestRedisFailoverLosesTheClaim(t *testing.T) {
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=hold", nil, ""); r.Status != http.StatusConflict {
 		t.Fatalf("a second hold: %d %s", r.Status, r.Body)
 	}
+	// Another namespace can neither take the pair nor end this failover,
+	// and its failover run says why.
+	globex := http.Header{"Authorization": {"Bearer " + labtest.Globex}}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=promote", globex, ""); r.Status != http.StatusConflict {
+		t.Fatalf("another namespace's promote: %d %s", r.Status, r.Body)
+	}
+	r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?store=redis&key=k-blocked&fault=failover&attempts=2", globex, "")
+	if r.Status != http.StatusConflict || labtest.Decode[lab.Problem](t, r).Code != "failover_under_way" {
+		t.Fatalf("a failover run while another is under way: %d %s", r.Status, r.Body)
+	}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=promote", nil, ""); r.Status != http.StatusOK {
 		t.Fatalf("promote: %d %s", r.Status, r.Body)
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"time"
 
@@ -54,17 +55,23 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 		}, []string{"store", "outcome"}),
 	}
 	reg.MustRegister(m.duration)
-	stats := func() lab.OutboxStats {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		s, _ := src.outbox.OutboxStats(ctx, "") // every namespace
-		return s
+	// A gauge whose source cannot be read is NaN, never a reassuring 0.
+	stats := func(read func(lab.OutboxStats) float64) func() float64 {
+		return func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			s, err := src.outbox.OutboxStats(ctx, "") // every namespace
+			if err != nil {
+				return math.NaN()
+			}
+			return read(s)
+		}
 	}
 	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "outbox_pending", Help: "Outbox events not yet delivered."},
-			func() float64 { return float64(stats().Pending) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "outbox_oldest_pending_seconds", Help: "Age of the oldest undelivered outbox event."},
-			func() float64 { return stats().OldestPendingAge.Seconds() }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "outbox_pending", Help: "Outbox events not yet delivered (NaN when the outbox cannot be read)."},
+			stats(func(s lab.OutboxStats) float64 { return float64(s.Pending) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "outbox_oldest_pending_seconds", Help: "Age of the oldest undelivered outbox event (NaN when the outbox cannot be read)."},
+			stats(func(s lab.OutboxStats) float64 { return s.OldestPendingAge.Seconds() })),
 	)
 	for name, st := range src.stores {
 		ager, ok := st.(lab.InFlightAger)
@@ -79,7 +86,7 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 			defer cancel()
 			age, err := ager.OldestInFlight(ctx)
 			if err != nil {
-				return 0
+				return math.NaN()
 			}
 			return age.Seconds()
 		}))

@@ -69,6 +69,8 @@ func toProblem(err error) (*problemError, time.Duration) {
 	case errors.Is(err, lab.ErrKeyReused):
 		return problem(http.StatusUnprocessableEntity, "idempotency_key_reused", "Idempotency-Key reused",
 			"this Idempotency-Key was first used with a different request; use a new key for a new charge"), 0
+	case errors.Is(err, lab.ErrFailoverUnderWay):
+		return problem(http.StatusConflict, "failover_under_way", "Failover under way", err.Error()), time.Second
 	case errors.Is(err, lab.ErrOutboxWrite):
 		return problem(http.StatusServiceUnavailable, "charge_failed", "Charge failed",
 			"writing the receipt event failed, so nothing was charged or stored; retrying with the same key is safe"), time.Second

@@ -39,7 +39,7 @@ func (s *Server) reconcileCheck(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("error reading the provider's captures: %w", err)
 	}
-	rep := reconcile.Compare(payments, captures, len(payments) == reconcileLimit)
+	rep := reconcile.Compare(payments, captures, len(payments) == reconcileLimit, len(captures) == reconcileLimit)
 	rep.Namespace, rep.Run = string(ns), run
 	return c.JSON(http.StatusOK, rep)
 }

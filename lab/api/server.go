@@ -92,7 +92,7 @@ type Cluster interface {
 	ResetPeers(ctx context.Context, authorization string, all bool) error
 	// Failover steps the Redis pair through a failover ("hold", then
 	// "promote") and returns the primary's address.
-	Failover(ctx context.Context, step string) (string, error)
+	Failover(ctx context.Context, ns lab.Namespace, step string) (string, error)
 	// PairUnavailable says why the failover fault cannot run ("" when it can).
 	PairUnavailable() string
 }
@@ -703,8 +703,8 @@ func (s *Server) operation(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	key, err := url.PathUnescape(c.Param("key"))
-	if err != nil || lab.ValidateKey(key) != nil {
+	key := c.Param("key") // Echo hands it over unescaped
+	if lab.ValidateKey(key) != nil {
 		return lab.Invalid("key", "must be 1..255 bytes of printable text")
 	}
 	op, err := looker.Operation(c.Request().Context(), lab.Scope{Tenant: who.Tenant, Endpoint: lab.Endpoint, Key: key})
@@ -739,13 +739,10 @@ func (s *Server) failover(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	primary, err := s.deps.Cluster.Failover(c.Request().Context(), step)
-	if errors.Is(err, lab.ErrFailoverUnderWay) {
-		return problem(http.StatusConflict, "failover_under_way", "Failover under way", err.Error())
-	}
+	primary, err := s.deps.Cluster.Failover(c.Request().Context(), who.Namespace, step)
 	if err != nil {
 		return err
 	}
 	s.log.InfoContext(c.Request().Context(), "redis pair failover", "step", step, "primary", primary, "asked_by", nsName(who.view()))
-	return c.JSON(http.StatusOK, map[string]any{"step": step, "primary": primary})
+	return c.JSON(http.StatusOK, map[string]any{"step": step, "namespace": string(who.Namespace)})
 }

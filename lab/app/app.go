@@ -62,7 +62,9 @@ type App struct {
 
 	pair      *redisdb.Pair // the failover fault's primary and replica; nil without redis-server
 	pairHow   string        // why there is no pair, and how to have one
-	failingMu sync.Mutex    // one failover at a time
+	failingMu sync.Mutex    // one failover at a time; guards holder and heldAt
+	holder    lab.Namespace // who held the pair's replication back, if this process did
+	heldAt    time.Time
 
 	secret         []byte           // signs and verifies the provider's webhooks
 	providerClient *provider.Client // the payment provider, over HTTP

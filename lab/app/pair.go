@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/redisdb"
@@ -46,35 +47,60 @@ func (a *App) openPair(ctx context.Context) {
 	a.cfg.Logger.Info("started a Redis primary and replica for the failover fault", "primary", p.PrimaryAddr(), "replica", p.ReplicaAddr())
 }
 
-// Failover steps the pair through a failover: "hold" stops replication
-// (refused while another failover is under way), "promote" makes the
-// replica the primary and lets the next failover begin.
-func (a *App) Failover(ctx context.Context, step string) (primary string, err error) {
+// holdDeadline is how long a hold may last before the next failover
+// may end it: a run whose promote never came does not block the pair.
+const holdDeadline = 30 * time.Second
+
+// Failover steps the pair through a failover for namespace ns: "hold"
+// stops replication (refused while another failover is under way),
+// "promote" makes the replica the primary; only the namespace that held
+// may promote, until the hold is past its deadline. The steps run to
+// their end even if the caller leaves, so the pair is never left half
+// failed over.
+func (a *App) Failover(ctx context.Context, ns lab.Namespace, step string) (primary string, err error) {
 	if a.pair == nil {
 		return "", fmt.Errorf("%w: %s", lab.ErrStoreUnavailable, a.pairHow)
 	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
+	defer cancel()
 	a.failingMu.Lock()
 	defer a.failingMu.Unlock()
+	held, err := a.pair.Held(ctx)
+	if err != nil {
+		return "", fmt.Errorf("error reading the Redis pair: %w", err)
+	}
+	stale := !a.heldAt.IsZero() && time.Since(a.heldAt) > holdDeadline
 	switch step {
 	case "hold":
-		err = a.pair.HoldReplication(ctx)
-		if errors.Is(err, redisdb.ErrHeld) {
+		if held && !stale {
 			return "", lab.ErrFailoverUnderWay
 		}
+		if held { // a hold nobody promoted: end it first
+			a.cfg.Logger.Warn("ending a failover hold past its deadline", "held_by", a.holder)
+			if err := a.pair.Promote(ctx); err != nil {
+				return "", fmt.Errorf("error ending a stale hold: %w", err)
+			}
+		}
+		if err := a.pair.HoldReplication(ctx); err != nil {
+			if errors.Is(err, redisdb.ErrHeld) {
+				return "", lab.ErrFailoverUnderWay // another process held it first
+			}
+			return "", fmt.Errorf("error holding replication back: %w", err)
+		}
+		a.holder, a.heldAt = ns, time.Now()
 	case "promote":
-		held, herr := a.pair.Held(ctx)
-		if herr != nil {
-			return "", fmt.Errorf("error reading the Redis pair: %w", herr)
-		}
-		if !held {
+		switch {
+		case !held:
 			return "", lab.Invalid("step", "no failover is under way: hold replication first")
+		case a.holder != "" && a.holder != ns && !stale:
+			return "", lab.ErrFailoverUnderWay // another namespace's failover
 		}
-		err = a.pair.Promote(ctx)
+		if err := a.pair.Promote(ctx); err != nil {
+			return "", fmt.Errorf("error promoting the replica: %w", err)
+		}
+		a.holder, a.heldAt = "", time.Time{}
 	default:
 		return "", lab.Invalid("step", "must be hold or promote (got %q)", step)
-	}
-	if err != nil {
-		return "", fmt.Errorf("error in failover step %s: %w", step, err)
 	}
 	return a.pair.PrimaryAddr(), nil
 }

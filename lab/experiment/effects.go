@@ -292,7 +292,7 @@ func (r *Runner) liftWhenDone(ctx context.Context, req EffectsRequest, c EffectC
 				done = done || (ev.Run == run && (ev.Attempts > 1 || ev.LastError != ""))
 			}
 		default:
-			st, err := r.Provider.Stats(ctx, provider.Filter{Run: run})
+			st, err := r.Provider.Stats(ctx, provider.Filter{Namespace: string(req.Namespace), Run: run})
 			if err != nil {
 				return fmt.Errorf("error reading the provider: %w", err)
 			}
@@ -323,13 +323,13 @@ func (r *Runner) settleEffects(ctx context.Context, ns lab.Namespace, run string
 		if err != nil {
 			return reconcile.Report{}, provider.StatsReport{}, fmt.Errorf("error reading the run's charges: %w", err)
 		}
-		captures, err := r.Provider.Captures(ctx, provider.Filter{Run: run, Limit: runLimit})
+		captures, err := r.Provider.Captures(ctx, provider.Filter{Namespace: string(ns), Run: run, Limit: runLimit})
 		if err != nil {
 			return reconcile.Report{}, provider.StatsReport{}, fmt.Errorf("error reading the provider's captures: %w", err)
 		}
-		rep := reconcile.Compare(payments, captures, false)
+		rep := reconcile.Compare(payments, captures, false, false)
 		if (stats.Delivered+stats.Dead >= stats.OutboxEvents && rep.Pending == 0) || time.Now().After(deadline) {
-			got, err := r.Provider.Stats(ctx, provider.Filter{Run: run})
+			got, err := r.Provider.Stats(ctx, provider.Filter{Namespace: string(ns), Run: run})
 			return rep, got, err
 		}
 		if err := lab.Sleep(ctx, 20*time.Millisecond); err != nil {

@@ -286,6 +286,10 @@ func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request) ([]Re
 // sends the retries, which reach the new primary.
 func (r *Runner) fireFailover(ctx context.Context, spec Spec, targets []string, reqs []Request, rep *Report) ([]Result, time.Duration, error) {
 	if err := r.failoverStep(ctx, targets[0], spec.Token, "hold"); err != nil {
+		if !errors.Is(err, lab.ErrFailoverUnderWay) {
+			// The hold may have happened with its answer lost: end it.
+			_ = r.failoverStep(context.WithoutCancel(ctx), targets[0], spec.Token, "promote")
+		}
 		return nil, 0, err
 	}
 	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
@@ -499,7 +503,8 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.DuplicatesApplied = added(before, after)
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
 	var got provider.StatsReport
-	if err := reread(ctx, func() (err error) { got, err = r.Provider.Stats(ctx, provider.Filter{Run: rep.RunID}); return err }); err != nil {
+	runFilter := provider.Filter{Namespace: string(lab.NamespaceOf(tenants[0])), Run: rep.RunID}
+	if err := reread(ctx, func() (err error) { got, err = r.Provider.Stats(ctx, runFilter); return err }); err != nil {
 		return fmt.Errorf("error reading the provider's records: %w", err)
 	}
 	rep.ProviderCaptures, rep.ProviderCaptureCalls = got.CapturesApplied, got.CaptureRequests
@@ -674,13 +679,13 @@ func (r *Runner) reconcile(ctx context.Context, ns lab.Namespace, rep *Report) e
 		return fmt.Errorf("error reading the run's charges: %w", err)
 	}
 	err = reread(ctx, func() (err error) {
-		captures, err = r.Provider.Captures(ctx, provider.Filter{Run: rep.RunID, Limit: runLimit})
+		captures, err = r.Provider.Captures(ctx, provider.Filter{Namespace: string(ns), Run: rep.RunID, Limit: runLimit})
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("error reading the provider's captures: %w", err)
 	}
-	for _, f := range reconcile.Compare(payments, captures, false).Findings {
+	for _, f := range reconcile.Compare(payments, captures, false, false).Findings {
 		switch f.Problem {
 		case reconcile.NotInLedger:
 			rep.CapturesWithoutCharge++

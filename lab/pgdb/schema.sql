@@ -135,6 +135,9 @@ CREATE INDEX IF NOT EXISTS lease_requests_namespace ON lease_requests (namespace
 -- every token issued before, and a key swept and claimed anew never gets a
 -- token a stale worker could still hold.
 CREATE SEQUENCE IF NOT EXISTS lease_tokens;
+-- Never below a token already issued (rows from before the sequence existed).
+SELECT setval('lease_tokens', m) FROM (SELECT max(attempt_token) AS m FROM lease_requests) t
+WHERE m IS NOT NULL AND m > (SELECT last_value FROM lease_tokens);
 CREATE INDEX IF NOT EXISTS lease_requests_expires_at ON lease_requests (expires_at);
 
 -- The resource checks the fence, not the worker: a ledger row carrying a

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -308,7 +309,10 @@ func (p *Provider) capture(c echo.Context) error {
 	// still running, and the client learns it.
 	flight := "capture\x00" + req.Tenant + "\x00" + key
 	overlap := p.enter(flight)
-	defer p.leave(flight)
+	// The request is in flight until it is recorded: a withheld answer
+	// leaves first, so the client's retry replays instead of meeting 409.
+	done := sync.OnceFunc(func() { p.leave(flight) })
+	defer done()
 	if overlap {
 		return p.fail(c, errInProgress)
 	}
@@ -338,6 +342,7 @@ func (p *Provider) capture(c echo.Context) error {
 		p.enqueueWebhooks(ctx, stored, f)
 	}
 	if p.hit(f.AppliedResponseLost) {
+		done()
 		return p.withhold(c)
 	}
 	if replayed {
@@ -371,7 +376,10 @@ func (p *Provider) receipt(c echo.Context) error {
 	// the records deduplicate them.
 	flight := "receipt\x00" + req.EventID
 	p.enter(flight)
-	defer p.leave(flight)
+	// The request is in flight until it is recorded: a withheld answer
+	// leaves first, so the client's retry replays instead of meeting 409.
+	done := sync.OnceFunc(func() { p.leave(flight) })
+	defer done()
 	ctx := c.Request().Context()
 	if err := delay(ctx, f.LatencyMS); err != nil {
 		return p.fail(c, err)
@@ -390,6 +398,7 @@ func (p *Provider) receipt(c echo.Context) error {
 		return p.fail(c, err)
 	}
 	if p.hit(f.AppliedResponseLost) {
+		done()
 		return p.withhold(c)
 	}
 	status := http.StatusCreated

@@ -71,14 +71,14 @@ func (f Filter) matches(tenant, run, chargeID string) bool {
 // Captures lists the captures f selects, newest first.
 func (m *Memory) Captures(_ context.Context, f Filter) ([]Capture, error) {
 	m.mu.Lock()
-	var found []*memCapture
+	var found []memCapture // copies: a capture's count moves under the lock
 	for _, c := range m.captures {
 		if f.matches(c.Tenant, c.Run, c.ChargeID) {
-			found = append(found, c)
+			found = append(found, *c)
 		}
 	}
 	m.mu.Unlock()
-	slices.SortFunc(found, func(a, b *memCapture) int {
+	slices.SortFunc(found, func(a, b memCapture) int {
 		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
 			return c
 		}

@@ -93,7 +93,8 @@ type Provider struct {
 	inFlight map[string]int // requests being handled, per capture key or receipt event id
 
 	queueMu sync.Mutex
-	closed  bool // no more webhooks are queued: Run has stopped its workers
+	closed  bool                // no more webhooks are queued: Run has stopped its workers
+	waiting map[*time.Timer]int // jobs waiting out a backoff, and how many webhooks each holds
 	queue   chan webhookJob
 	running atomic.Bool
 	stopped chan struct{} // closed when Run returns: held answers are let go
@@ -202,7 +203,7 @@ func New(cfg Config) (*Provider, error) {
 	return &Provider{
 		cfg: cfg, forged: forged,
 		faults: map[lab.Namespace]Faults{}, inFlight: map[string]int{},
-		queue: make(chan webhookJob, cfg.WebhookQueue), stopped: make(chan struct{}),
+		queue: make(chan webhookJob, cfg.WebhookQueue), stopped: make(chan struct{}), waiting: map[*time.Timer]int{},
 	}, nil
 }
 
@@ -246,10 +247,16 @@ func (p *Provider) Run(ctx context.Context) {
 		wg.Go(func() { p.sendWebhooks(ctx) })
 	}
 	wg.Wait()
+	dropped := 0
 	p.queueMu.Lock()
 	p.closed = true
+	for t, n := range p.waiting {
+		if t.Stop() { // never to fire: its webhooks will not be sent
+			dropped += n
+		}
+		delete(p.waiting, t)
+	}
 	p.queueMu.Unlock()
-	dropped := 0
 drain:
 	for {
 		select {

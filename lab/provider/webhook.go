@@ -40,8 +40,12 @@ type WebhookData struct {
 	Status      string `json:"status"` // "processing", then the capture's status
 }
 
-// webhookJob is one capture's webhooks, sent in order by one worker.
-type webhookJob struct{ sends []webhookSend }
+// webhookJob is what is left to send of one capture's webhooks, in order;
+// attempt counts the tries of the first one.
+type webhookJob struct {
+	sends   []webhookSend
+	attempt int
+}
 
 type webhookSend struct {
 	id, typ string
@@ -107,42 +111,37 @@ func (p *Provider) enqueueWebhooks(ctx context.Context, c Capture, f Faults) {
 	}
 }
 
-// sendWebhooks is one worker: it sends each job's webhooks in order,
-// until ctx ends.
+// sendWebhooks is one worker: it sends a job's webhooks in order. A
+// webhook to try again later goes back, with what follows it, to the queue
+// after its backoff: no worker ever waits out a backoff, so one namespace's
+// failing webhooks never hold up another's.
 func (p *Provider) sendWebhooks(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case j := <-p.queue:
-			for i, s := range j.sends {
-				if !p.deliver(ctx, s) {
-					left := len(j.sends) - i
-					p.counters.webhooksDropped.Add(int64(left))
-					p.cfg.Logger.InfoContext(context.WithoutCancel(ctx), "provider stopped: webhooks dropped", "event_id", s.id, "webhooks", left)
-					return
-				}
-			}
+			p.sendJob(ctx, j)
 		}
 	}
 }
 
-// deliver sends one webhook until it is accepted or given up; it reports
-// false when ctx ended first.
-func (p *Provider) deliver(ctx context.Context, s webhookSend) bool {
-	for attempt := 1; ; attempt++ {
+// sendJob sends j's webhooks until one has to wait for another attempt.
+func (p *Provider) sendJob(ctx context.Context, j webhookJob) {
+	for len(j.sends) > 0 {
+		s := j.sends[0]
+		j.attempt++
 		status, err := p.post(ctx, s)
-		if ctx.Err() != nil {
-			return false
-		}
-		if err == nil && status >= 200 && status < 300 {
+		switch {
+		case ctx.Err() != nil:
+			p.dropSends(ctx, len(j.sends), s.id)
+			return
+		case err == nil && status >= 200 && status < 300:
 			p.counters.webhooksSent.Add(1)
-			return true
-		}
-		if err == nil {
-			p.counters.webhooksRejected.Add(1)
-		}
-		if (err == nil && !retryable(status)) || attempt >= p.cfg.WebhookAttempts {
+		case err == nil && !retryable(status), j.attempt >= p.cfg.WebhookAttempts:
+			if err == nil {
+				p.counters.webhooksRejected.Add(1)
+			}
 			p.counters.webhooksFailed.Add(1)
 			level := p.cfg.Logger.WarnContext
 			if s.forged || err == nil {
@@ -151,17 +150,55 @@ func (p *Provider) deliver(ctx context.Context, s webhookSend) bool {
 				level = p.cfg.Logger.InfoContext
 			}
 			level(ctx, "webhook given up", "event_id", s.id, "type", s.typ, "forged", s.forged,
-				"attempts", attempt, "status", status, "err", err)
-			return true
+				"attempts", j.attempt, "status", status, "err", err)
+		default:
+			if err == nil {
+				p.counters.webhooksRejected.Add(1)
+			}
+			p.later(ctx, j, p.backoff(j.attempt))
+			return
 		}
-		t := time.NewTimer(p.backoff(attempt))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return false
-		case <-t.C:
-		}
+		j = webhookJob{sends: j.sends[1:]}
 	}
+}
+
+// later puts j back in the queue after d, unless the provider stopped.
+func (p *Provider) later(ctx context.Context, j webhookJob, d time.Duration) {
+	p.queueMu.Lock()
+	defer p.queueMu.Unlock()
+	if p.closed {
+		p.dropLocked(ctx, len(j.sends), j.sends[0].id)
+		return
+	}
+	var t *time.Timer
+	t = time.AfterFunc(d, func() {
+		p.queueMu.Lock()
+		defer p.queueMu.Unlock()
+		delete(p.waiting, t)
+		if p.closed {
+			p.dropLocked(ctx, len(j.sends), j.sends[0].id)
+			return
+		}
+		select {
+		case p.queue <- j:
+		default:
+			p.counters.webhooksDropped.Add(int64(len(j.sends)))
+			p.cfg.Logger.WarnContext(context.WithoutCancel(ctx), "webhook queue full: webhooks dropped", "event_id", j.sends[0].id, "webhooks", len(j.sends))
+		}
+	})
+	p.waiting[t] = len(j.sends)
+}
+
+func (p *Provider) dropSends(ctx context.Context, n int, id string) {
+	p.queueMu.Lock()
+	defer p.queueMu.Unlock()
+	p.dropLocked(ctx, n, id)
+}
+
+// dropLocked counts webhooks never sent because the provider stopped.
+func (p *Provider) dropLocked(ctx context.Context, n int, id string) {
+	p.counters.webhooksDropped.Add(int64(n))
+	p.cfg.Logger.InfoContext(context.WithoutCancel(ctx), "provider stopped: webhooks dropped", "event_id", id, "webhooks", n)
 }
 
 // retryable says whether an answer outside 2xx is worth another attempt:

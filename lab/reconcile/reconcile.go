@@ -36,25 +36,34 @@ type Finding struct {
 
 // Report is one comparison.
 type Report struct {
-	Namespace       string    `json:"namespace"`
-	Run             string    `json:"run,omitempty"`
-	ChargesChecked  int       `json:"charges_checked"`
-	CapturesChecked int       `json:"captures_checked"`
-	Agree           int       `json:"agree"`
-	Disagree        int       `json:"disagree"`
-	Pending         int       `json:"pending"` // not yet settled: deliveries in flight, webhooks not yet in
-	Findings        []Finding `json:"findings"`
-	Note            string    `json:"note"`
+	Namespace       string `json:"namespace"`
+	Run             string `json:"run,omitempty"`
+	ChargesChecked  int    `json:"charges_checked"`
+	CapturesChecked int    `json:"captures_checked"`
+	Agree           int    `json:"agree"`
+	Disagree        int    `json:"disagree"`
+	Pending         int    `json:"pending"` // not yet settled: deliveries in flight, webhooks not yet in
+	// Unchecked are charges older than the oldest capture read, when the
+	// captures were cut at their limit: their capture may lie beyond it.
+	Unchecked int       `json:"unchecked,omitempty"`
+	Findings  []Finding `json:"findings"`
+	Note      string    `json:"note"`
 }
 
-// Compare compares the two sides. When the ledger's list was cut
-// at its limit, captures older than its oldest charge are not judged.
-func Compare(payments []lab.Payment, captures []provider.Capture, truncated bool) Report {
+// Compare compares the two sides. When the ledger's list was cut at its
+// limit, captures older than its oldest charge are not judged; when the
+// captures were, charges older than the oldest capture without one in the
+// list are not judged either.
+func Compare(payments []lab.Payment, captures []provider.Capture, paymentsCut, capturesCut bool) Report {
 	rep := Report{ChargesChecked: len(payments), CapturesChecked: len(captures), Findings: []Finding{},
 		Note: "each charge should be captured exactly once, for its amount, and reach the capture's state through a verified webhook"}
 	byCharge := map[string][]provider.Capture{}
+	var oldestCapture time.Time
 	for _, cp := range captures {
 		byCharge[cp.ChargeID] = append(byCharge[cp.ChargeID], cp)
+		if oldestCapture.IsZero() || cp.CreatedAt.Before(oldestCapture) {
+			oldestCapture = cp.CreatedAt
+		}
 	}
 	var oldest time.Time
 	inLedger := map[string]bool{}
@@ -65,6 +74,10 @@ func Compare(payments []lab.Payment, captures []provider.Capture, truncated bool
 			oldest = p.CreatedAt
 		}
 		caps := byCharge[p.ChargeID]
+		if len(caps) == 0 && capturesCut && p.CreatedAt.Before(oldestCapture) {
+			rep.Unchecked++
+			continue
+		}
 		f := Finding{ChargeID: p.ChargeID, Ledger: p, Provider: caps}
 		settled := p.Outbox == lab.EventDelivered || p.Outbox == lab.EventDead || p.Outbox == ""
 		switch {
@@ -93,7 +106,7 @@ func Compare(payments []lab.Payment, captures []provider.Capture, truncated bool
 		rep.Findings = append(rep.Findings, f)
 	}
 	for chargeID, caps := range byCharge {
-		if inLedger[chargeID] || (truncated && caps[0].CreatedAt.Before(oldest)) {
+		if inLedger[chargeID] || (paymentsCut && caps[0].CreatedAt.Before(oldest)) {
 			continue
 		}
 		rep.Disagree++

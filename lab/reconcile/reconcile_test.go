@@ -34,7 +34,7 @@ func TestCompare(t *testing.T) {
 		capture("amount", "succeeded", 9999), capture("awaiting", "succeeded", 2500),
 		capture("contradicts", "failed", 2500), capture("reverted", "succeeded", 2500),
 	}
-	rep := reconcile.Compare(payments, captures, false)
+	rep := reconcile.Compare(payments, captures, false, false)
 	want := map[string]string{
 		"twice": reconcile.CapturedTwice, "in-flight": reconcile.InFlight, "dead": reconcile.NeverCaptured,
 		"direct-lost": reconcile.NeverCaptured, "amount": reconcile.AmountMismatch, "awaiting": reconcile.AwaitingWebhook,
@@ -55,7 +55,14 @@ func TestCompare(t *testing.T) {
 	// A capture older than a truncated ledger list is not judged.
 	old := capture("older", "succeeded", 2500)
 	old.CreatedAt = at.Add(-time.Hour)
-	if rep := reconcile.Compare(payments[:1], []provider.Capture{capture("ok", "succeeded", 2500), old}, true); rep.Disagree != 0 {
+	if rep := reconcile.Compare(payments[:1], []provider.Capture{capture("ok", "succeeded", 2500), old}, true, false); rep.Disagree != 0 {
 		t.Fatalf("truncated: %+v", rep.Findings)
+	}
+	// A charge older than every capture read, when the captures were cut:
+	// its capture may be beyond the limit, so it is not called uncaptured.
+	older := pay("older", lab.PaymentSucceeded, lab.EventDelivered)
+	older.CreatedAt = at.Add(-time.Hour)
+	if rep := reconcile.Compare([]lab.Payment{older, payments[0]}, []provider.Capture{capture("ok", "succeeded", 2500)}, false, true); rep.Disagree != 0 || rep.Unchecked != 1 || rep.Agree != 1 {
+		t.Fatalf("captures cut: %+v", rep)
 	}
 }

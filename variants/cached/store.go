@@ -33,6 +33,7 @@ const (
 type Store struct {
 	db     *postgres.Store
 	client *goredis.Client
+	pair   *goredis.Client // the failover fault's Redis pair; nil without one
 	prefix string
 	now    lab.Clock
 	log    *slog.Logger
@@ -42,6 +43,9 @@ type Store struct {
 type Config struct {
 	DB     *postgres.Store // decides, in its one transaction
 	Client *goredis.Client
+	// Pair, when set, is the lab's Redis primary and replica: a failover
+	// run's attempts (redis=pair) keep their cache there.
+	Pair   *goredis.Client
 	Prefix string // every key the cache writes starts with it
 	Now    lab.Clock
 	Logger *slog.Logger
@@ -55,7 +59,7 @@ func New(cfg Config) (*Store, error) {
 	case cfg.Prefix == "":
 		return nil, errors.New("redis+postgres: a key prefix is required, so the lab only ever touches its own keys")
 	}
-	return &Store{db: cfg.DB, client: cfg.Client, prefix: cfg.Prefix + "cache:", now: cfg.Now, log: cfg.Logger}, nil
+	return &Store{db: cfg.DB, client: cfg.Client, pair: cfg.Pair, prefix: cfg.Prefix + "cache:", now: cfg.Now, log: cfg.Logger}, nil
 }
 
 // Name is the store's name.
@@ -98,7 +102,7 @@ func decode(v []byte) (fingerprint string, r lab.Response, expires time.Time, ok
 // exactly as long as PostgreSQL keeps its key.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
 	k := s.key(a.Scope)
-	v, err := s.client.Get(ctx, k).Bytes()
+	v, err := s.cache(a).Get(ctx, k).Bytes()
 	switch {
 	case err == nil:
 		fp, resp, expires, ok := decode(v)
@@ -127,10 +131,19 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	return out, nil
 }
 
+// cache is the Redis an attempt's copies live in: the pair for a failover
+// run, the lab's Redis otherwise.
+func (s *Store) cache(a lab.Attempt) *goredis.Client {
+	if a.Faults.OnPair && s.pair != nil {
+		return s.pair
+	}
+	return s.client
+}
+
 // fill caches a completed answer until its key expires in PostgreSQL,
 // never longer: the cache must not answer for a key the database forgot.
 func (s *Store) fill(ctx context.Context, a lab.Attempt, resp lab.Response) {
-	expires, ok, err := s.db.Expiry(ctx, a.Scope)
+	expires, ok, err := s.db.Expiry(ctx, a.Scope, a.Fingerprint, resp)
 	if err != nil || !ok {
 		return // not completed (or unreadable): nothing to cache
 	}
@@ -138,7 +151,7 @@ func (s *Store) fill(ctx context.Context, a lab.Attempt, resp lab.Response) {
 	if ttl <= 0 {
 		return
 	}
-	if err := s.client.Set(ctx, s.key(a.Scope), encode(a.Fingerprint, resp, expires), ttl).Err(); err != nil {
+	if err := s.cache(a).Set(ctx, s.key(a.Scope), encode(a.Fingerprint, resp, expires), ttl).Err(); err != nil {
 		s.log.WarnContext(ctx, "could not fill the cache; replays will ask PostgreSQL", "err", err)
 	}
 }
@@ -154,12 +167,13 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 	return s.db.Keys(ctx, ns, limit)
 }
 
-// Reset forgets the namespace's keys in both places ("" for all).
+// Reset forgets the namespace's keys in both places ("" for all):
+// PostgreSQL first, so a fill racing the reset cannot outlive it there.
 func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
-	if err := s.forget(ctx, ns); err != nil {
+	if err := s.db.Reset(ctx, ns); err != nil {
 		return err
 	}
-	return s.db.Reset(ctx, ns)
+	return s.forget(ctx, ns)
 }
 
 // Restart is Redis restarting without persistence: the namespace's cache
@@ -203,5 +217,5 @@ func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 
 // Describe says where the keys live.
 func (s *Store) Describe() string {
-	return "PostgreSQL decides (table idempotency_requests, one transaction); Redis keys " + s.prefix + "* cache completed responses"
+	return "PostgreSQL decides (table cached_requests, one transaction); Redis keys " + s.prefix + "* cache completed responses"
 }

@@ -25,7 +25,7 @@ func Variant() variant.Variant {
 			if err != nil {
 				return nil, err
 			}
-			return New(Config{DB: db, Client: d.Redis, Prefix: d.RedisPrefix, Now: d.Clock, Logger: d.Logger})
+			return New(Config{DB: db, Client: d.Redis, Pair: d.RedisPair, Prefix: d.RedisPrefix, Now: d.Clock, Logger: d.Logger})
 		},
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries: {Usual: lab.Holds, Holds: "PostgreSQL's unique key picks one owner; the twins wait on its row lock and replay, later replays come from Redis",

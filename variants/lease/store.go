@@ -177,6 +177,9 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 			    created_at = CASE WHEN state = 'completed' THEN $6 ELSE created_at END,
 			    expires_at = $6::timestamptz + make_interval(secs => $8)
 			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND attempt_token = $9
+			  -- re-checked on the row as it is now: a holder that woke and
+			  -- completed it meanwhile kept its token, and wins
+			  AND ((state = 'in_flight' AND lease_expires_at <= $6) OR (state = 'completed' AND expires_at <= $6))
 			RETURNING attempt_token`,
 			sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, lease.Seconds(), now, cl.chargeID, retention.Seconds(), r.token).Scan(&cl.token)
 		switch {
@@ -267,7 +270,10 @@ func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error
 		return lab.Outcome{}, fmt.Errorf("error recording a fenced write: %w", err)
 	}
 	r, err := s.read(ctx, a.Scope, s.now())
-	if err == nil && r.state == lab.KeyCompleted && r.fingerprint == a.Fingerprint {
+	switch {
+	case err == nil && r.state == lab.KeyCompleted && r.fingerprint != a.Fingerprint:
+		return lab.Outcome{}, lab.ErrKeyReused // another request took the abandoned key over
+	case err == nil && r.state == lab.KeyCompleted:
 		return lab.Outcome{Response: lab.Response{Status: *r.status, Body: r.body}, Replayed: true}, nil
 	}
 	return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}

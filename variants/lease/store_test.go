@@ -160,3 +160,73 @@ func TestLongWorkAnswers202(t *testing.T) {
 		t.Fatalf("operation %+v (%v): want completed with the 201", op, err)
 	}
 }
+
+// TestTakeOverLosesToACompletion: a retry that read "lease over" and a
+// paused holder that woke both want the key row; the holder, its token
+// still current, gets it first and completes. The retry's take-over then
+// re-checks the row as it is, finds it completed, and replays: one charge.
+// An outside lock on the row orders the two waiters, and PostgreSQL's own
+// lock table says when each is waiting.
+func TestTakeOverLosesToACompletion(t *testing.T) {
+	s, pool := setup(t)
+	ctx := t.Context()
+	const key = "k-completed-meanwhile"
+	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: 400 * time.Millisecond, ClaimTTL: 100 * time.Millisecond})
+	done := make(chan error, 1)
+	go func() { _, err := s.Charge(ctx, owner); done <- err }()
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("never: %s", what)
+			}
+		}
+	}
+	waitFor("the claim, then its lease over", func() bool {
+		op, err := s.Operation(ctx, owner.Scope)
+		return err == nil && op.State == lab.KeyInFlight && !op.LeaseExpires.After(time.Now())
+	})
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM lease_requests WHERE idempotency_key = $1 FOR UPDATE`, key); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func() int {
+		var n int
+		// This test's sessions only (its pool's application_name), waiting
+		// on a lock: the holder's fenced INSERT, the retry's take-over.
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND application_name = current_setting('application_name')`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	waitFor("the woken holder waiting on the key row", func() bool { return waiting() >= 1 })
+	type answer struct {
+		out lab.Outcome
+		err error
+	}
+	retried := make(chan answer, 1)
+	go func() {
+		out, err := s.Charge(ctx, attempt(key, lab.Faults{}))
+		retried <- answer{out, err}
+	}()
+	waitFor("the retry's take-over waiting behind it", func() bool { return waiting() >= 2 })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the holder: %v", err)
+	}
+	r := <-retried
+	if r.err != nil || !r.out.Replayed {
+		t.Fatalf("the retry: %+v %v; want a replay of the holder's charge", r.out, r.err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = $1`, key).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the ledger holds %d charge(s) (%v), want 1", n, err)
+	}
+}

@@ -432,11 +432,14 @@ func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 }
 
 // Expiry reports when a completed key expires, for a cache that must not
-// outlive it; false when the key is not completed.
-func (s *Store) Expiry(ctx context.Context, sc lab.Scope) (time.Time, bool, error) {
+// outlive it: only while the key still holds this fingerprint and this
+// response (a take-over since would hold another), else false.
+func (s *Store) Expiry(ctx context.Context, sc lab.Scope, fingerprint string, resp lab.Response) (time.Time, bool, error) {
 	var at time.Time
 	err := s.pool.QueryRow(ctx, s.q(`SELECT expires_at FROM idempotency_requests
-		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND state = 'completed'`), sc.Tenant, sc.Endpoint, sc.Key).Scan(&at)
+		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND state = 'completed'
+		  AND request_fingerprint = $4 AND response_status = $5 AND response_body = $6`),
+		sc.Tenant, sc.Endpoint, sc.Key, fingerprint, resp.Status, resp.Body).Scan(&at)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return at, false, nil
