@@ -36,21 +36,36 @@ type FaultSpec struct {
 	Point  FaultPoint `json:"name"`
 	Title  string     `json:"title"`
 	Params []string   `json:"params"` // the run parameters that apply to it
+	// Defaults are the values a run takes for those parameters when none is
+	// given (the lab routes' defaults), so a page can show them.
+	Defaults map[string]int `json:"defaults,omitempty"`
 }
 
 // FaultSpecs lists every fault in presentation order, with the run parameters
 // each one takes.
 func FaultSpecs() []FaultSpec {
 	return []FaultSpec{
-		{FaultSlow, "the work between claim and completion is slow", []string{"work_ms", "ttl_ms"}},
-		{FaultCrashAfterClaim, "crash after the claim, before the charge", []string{"ttl_ms"}},
-		{FaultCrashAfterCharge, "crash after the charge (lost response)", []string{"ttl_ms"}},
-		{FaultOutboxFail, "the outbox write fails", []string{"ttl_ms"}},
-		{FaultStoreRestart, "the store restarts between charge and retry", nil},
-		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}},
-		{FaultStaleWorker, "a worker pauses past its lease, a retry takes over, then it writes", []string{"work_ms", "ttl_ms"}},
-		{FaultFailover, "Redis fails over before the claim replicated", nil},
+		{FaultSlow, "the work between claim and completion is slow", []string{"work_ms", "ttl_ms"}, map[string]int{"work_ms": 300, "ttl_ms": 1000}},
+		{FaultCrashAfterClaim, "crash after the claim, before the charge", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}},
+		{FaultCrashAfterCharge, "crash after the charge (lost response)", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}},
+		{FaultOutboxFail, "the outbox write fails", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}},
+		{FaultStoreRestart, "the store restarts between charge and retry", nil, nil},
+		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}, map[string]int{"window_ms": 200}},
+		{FaultStaleWorker, "a worker pauses past its lease, a retry takes over, then it writes", []string{"work_ms", "ttl_ms"},
+			map[string]int{"work_ms": 800, "ttl_ms": 200}},
+		{FaultFailover, "Redis fails over before the claim replicated", nil, nil},
 	}
+}
+
+// FaultDefault is the value a run of point takes for param when none is
+// given (0 when the fault takes no such parameter).
+func FaultDefault(point FaultPoint, param string) int64 {
+	for _, f := range FaultSpecs() {
+		if f.Point == point {
+			return int64(f.Defaults[param])
+		}
+	}
+	return 0
 }
 
 // ParseFaultPoint accepts the name of a known fault.

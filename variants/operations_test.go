@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
 )
@@ -79,4 +80,22 @@ func jsonEqual(a, b []byte) bool {
 	xb, _ := json.Marshal(x)
 	yb, _ := json.Marshal(y)
 	return string(xb) == string(yb)
+}
+
+// TestStaleWorkerRunWithItsDefaults: the route's stale_worker defaults
+// (the page shows them) make the worker outlive its lease; lease holds and
+// reports the write it fenced out, redis breaks.
+func TestStaleWorkerRunWithItsDefaults(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, fullConfig(t))
+	for store, want := range map[lab.StoreName]lab.Verdict{lease.Name: lab.Holds, "redis": lab.Breaks} {
+		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?store="+string(store)+"&key=fresh&fault=stale_worker&attempts=3", nil, "")
+		if r.Status != http.StatusOK {
+			t.Fatalf("%s: %d %s", store, r.Status, r.Body)
+		}
+		rep := labtest.Decode[experiment.Report](t, r)
+		if rep.Verdict != want || (store == lease.Name && rep.FencedWrites != 1) {
+			t.Errorf("%s: %s, %d fenced write(s); want %s: %s", store, rep.Verdict, rep.FencedWrites, want, rep.Explanation)
+		}
+	}
 }

@@ -2,6 +2,7 @@ package web_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -143,13 +144,18 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 		shown, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
 			const s = document.getElementById("fault"); s.value = "`+string(f.Point)+`";
 			s.dispatchEvent(new Event("change"));
-			return [...document.querySelectorAll(".param")].filter(p => !p.hidden).map(p => p.dataset.param);
+			return [...document.querySelectorAll(".param")].filter(p => !p.hidden).map(p => p.dataset.param + "=" + document.getElementById(p.dataset.param).value);
 		})()`))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(shown, f.Params) && !(len(shown) == 0 && len(f.Params) == 0) {
-			t.Errorf("fault %s shows %v, takes %v", f.Point, shown, f.Params)
+		// Each shown parameter starts at the fault's own default.
+		var want []string
+		for _, p := range f.Params {
+			want = append(want, fmt.Sprintf("%s=%d", p, f.Defaults[p]))
+		}
+		if !slices.Equal(shown, want) && !(len(shown) == 0 && len(want) == 0) {
+			t.Errorf("fault %s shows %v, want %v", f.Point, shown, want)
 		}
 	}
 

@@ -28,11 +28,7 @@ const (
 	defaultAttempts = 5
 	defaultAmount   = 2500
 	defaultLimit    = 20
-	defaultTTLms    = 1000 // redis claim TTL of lab runs
-	defaultWorkMS   = 300  // slow fault
-	defaultWindowMS = 200  // expired fault
-	staleLeaseMS    = 200  // stale_worker: the claim's lifetime…
-	staleWorkMS     = 800  // …and the pause that outlives it
+	defaultTTLms    = 1000 // redis claim TTL of lab runs; each fault's own defaults are in lab.FaultSpecs
 )
 
 // chargeUnsafe runs the design that ignores the key.
@@ -180,16 +176,16 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	}
 	switch spec.Faults.Point {
 	case lab.FaultSlow:
-		work, err := q.Int("work_ms", defaultWorkMS, 1, maxSlowWork.Milliseconds())
+		work, err := q.Int("work_ms", lab.FaultDefault(lab.FaultSlow, "work_ms"), 1, maxSlowWork.Milliseconds())
 		if err != nil {
 			return spec, 0, err
 		}
 		spec.Faults.Work = time.Duration(work) * time.Millisecond
 	case lab.FaultStaleWorker:
 		if !ttlGiven {
-			spec.Faults.ClaimTTL = staleLeaseMS * time.Millisecond
+			spec.Faults.ClaimTTL = time.Duration(lab.FaultDefault(lab.FaultStaleWorker, "ttl_ms")) * time.Millisecond
 		}
-		work, err := q.Int("work_ms", staleWorkMS, 1, maxSlowWork.Milliseconds())
+		work, err := q.Int("work_ms", lab.FaultDefault(lab.FaultStaleWorker, "work_ms"), 1, maxSlowWork.Milliseconds())
 		if err != nil {
 			return spec, 0, err
 		}
@@ -200,7 +196,7 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	case lab.FaultFailover:
 		spec.Faults.OnPair = true // every attempt of the run goes to the pair
 	case lab.FaultExpired:
-		window, err := q.Int("window_ms", defaultWindowMS, 1, 60_000)
+		window, err := q.Int("window_ms", lab.FaultDefault(lab.FaultExpired, "window_ms"), 1, 60_000)
 		if err != nil {
 			return spec, 0, err
 		}
