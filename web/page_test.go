@@ -162,6 +162,7 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 	// A run on the new variant, from the page.
 	if err := chromedp.Do(ctx,
 		chromedp.SetValue(chromedp.ID("store"), "look-first"),
+		chromedp.SetValue(chromedp.ID("compare"), ""),
 		chromedp.SetValue(chromedp.ID("fault"), ""),
 		chromedp.SetValue(chromedp.ID("key"), "page-toy-1"),
 		chromedp.Click(chromedp.ID("go")),
@@ -177,6 +178,230 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 	}
 	if k, err := a.Books().KeyCharges(context.Background(), "acme", "look-first", "page-toy-1"); err != nil || k.Charges < 1 {
 		t.Errorf("the page's run left %d charges in the ledger (%v)", k.Charges, err)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page had problems: %v", p)
+	}
+}
+
+// TestPageShowsTheRace: unsafe and postgres side by side with 5 attempts
+// draw 5 lanes each, and the ledger figures under them (5 and 1 charges)
+// are the ledger's for those runs; a redis run with a slow fault draws the
+// claim's TTL ending before the first charge's commit; an admin token in
+// the token field makes Reset work. No request leaves the machine and the
+// console stays clean.
+func TestPageShowsTheRace(t *testing.T) {
+	url, schema := labtest.Postgres(t)
+	redisURL, prefix := labtest.Redis(t)
+	cfg := app.DefaultConfig()
+	cfg.Variants = variants.Builtin()
+	cfg.Addr = "127.0.0.1:0"
+	cfg.DatabaseURL, cfg.PGSchema, cfg.RedisURL, cfg.RedisPrefix = url, schema, redisURL, prefix
+	cfg.AdminToken = "admin-token-page"
+	cfg.RedisPair = false
+	a := labtest.Start(t, cfg)
+	ctx, problems := browser(t)
+	step, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
+		t.Fatalf("opening the page: %v", err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#compare option").length > 1`)); err != nil {
+		t.Fatalf("the controls were never filled: %v", err)
+	}
+	fire := func(actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, append(append([]chromedp.Action[chromedp.Void]{chromedp.Evaluate[chromedp.Void](`void (document.getElementById("result").innerHTML = "")`)}, actions...),
+			chromedp.Click(chromedp.ID("go")))...); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	fire(chromedp.SetValue(chromedp.ID("store"), "postgres"), chromedp.SetValue(chromedp.ID("compare"), "unsafe"),
+		chromedp.SetValue(chromedp.ID("fault"), ""), chromedp.SetValue(chromedp.ID("attempts"), "5"), chromedp.SetValue(chromedp.ID("key"), "page-race-1"))
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2`)); err != nil {
+		t.Fatalf("no side-by-side result: %v", err)
+	}
+	type shown struct {
+		Lanes   int    `json:"lanes"`
+		Charges string `json:"charges"`
+		Run     string `json:"run"`
+	}
+	runs, err := chromedp.Run(ctx, chromedp.Evaluate[[]shown](`[...document.querySelectorAll(".pair .run")].map(r => ({
+		lanes: r.querySelectorAll("g.lane").length, charges: r.querySelector(".ledger").dataset.charges, run: r.querySelector(".ledger").dataset.run}))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].Lanes != 5 || runs[1].Lanes != 5 || runs[0].Charges != "5" || runs[1].Charges != "1" {
+		t.Fatalf("side by side: %+v; want 5 lanes each, 5 and 1 charges", runs)
+	}
+	for _, r := range runs {
+		s, err := a.Books().RunStats(context.Background(), r.Run)
+		if err != nil || fmt.Sprint(s.Charges) != r.Charges {
+			t.Errorf("run %s: the page shows %s charges, the ledger holds %d (%v)", r.Run, r.Charges, s.Charges, err)
+		}
+	}
+
+	// The outbox panel catches up with the relay, showing what GET /outbox says.
+	type counts struct {
+		Pending   int `json:"outbox_pending"`
+		Delivered int `json:"outbox_delivered"`
+		Dead      int `json:"outbox_dead"`
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		api := labtest.Decode[counts](t, labtest.Do(t, http.MethodGet, a.URL()+"/outbox?limit=1", nil, ""))
+		page, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`(() => { const d = document.querySelector("#outbox [data-pending]")?.dataset;
+			return d ? [Number(d.pending), Number(d.delivered), Number(d.dead)] : [] })()`))
+		if err == nil && len(page) == 3 && page[0] == api.Pending && page[1] == api.Delivered && page[2] == api.Dead && api.Delivered >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox panel %v, GET /outbox %+v", page, api)
+		}
+	}
+	// The key inspector reads the key's state from the store.
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("store"), "postgres"), chromedp.SetValue(chromedp.ID("key"), "page-race-1"),
+		chromedp.Click(chromedp.ID("inspect"))); err != nil {
+		t.Fatal(err)
+	}
+	if state, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#keyOut [data-state]")?.dataset.state`)); err != nil || state != lab.KeyCompleted {
+		t.Fatalf("key inspector: %q %v", state, err)
+	}
+	// A bad parameter is shown next to its control, and the old result is gone.
+	fire(chromedp.SetValue(chromedp.ID("compare"), ""), chromedp.SetValue(chromedp.ID("key"), strings.Repeat("k", 300)))
+	if msg, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#key + .fielderror")?.textContent`)); err != nil || !strings.Contains(msg, "key") {
+		t.Fatalf("the error beside the key: %q %v", msg, err)
+	}
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#result .ledger").length`)); err != nil || n != 0 {
+		t.Fatalf("an old result stayed beside the error (%d, %v)", n, err)
+	}
+
+	fire(chromedp.SetValue(chromedp.ID("store"), "redis"), chromedp.SetValue(chromedp.ID("compare"), ""),
+		chromedp.SetValue(chromedp.ID("fault"), "slow"), chromedp.Evaluate[chromedp.Void](`void document.getElementById("fault").dispatchEvent(new Event("change"))`),
+		chromedp.SetValue(chromedp.ID("work_ms"), "300"), chromedp.SetValue(chromedp.ID("ttl_ms"), "100"),
+		chromedp.SetValue(chromedp.ID("attempts"), "3"), chromedp.SetValue(chromedp.ID("key"), "page-ttl-1"))
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
+		t.Fatalf("no redis result: %v", err)
+	}
+	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`[Number(document.querySelector("#result rect.ttl").dataset.end),
+		Math.min(...[...document.querySelectorAll("#result rect.try.charged")].map(r => Number(r.dataset.end)))]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(bars) != 2 || bars[0] != 100 || !(bars[0] < bars[1]) {
+		t.Fatalf("TTL bar ends at %v, the first charge commits at %v: want the TTL over first", bars[0], bars[1])
+	}
+	// Every run of the session can be opened again: the side-by-side one.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#history li:last-child button`))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run g.lane").length === 10`)); err != nil {
+		t.Fatalf("reopening the first run: %v", err)
+	}
+
+	// The matrix: every cell's verdict and count as the API gives them, its
+	// reason written out, and a cell that opens its run.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("matrix"))); err != nil {
+		t.Fatal(err)
+	}
+	mstep, mcancel := context.WithTimeout(ctx, 120*time.Second)
+	defer mcancel()
+	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`document.querySelectorAll("#matrixOut td[data-case]").length > 0`)); err != nil {
+		t.Fatalf("the matrix never showed: %v", err)
+	}
+	type cell struct {
+		Case    string `json:"case"`
+		Store   string `json:"store"`
+		Verdict string `json:"verdict"`
+		Why     string `json:"why"`
+	}
+	cells, err := chromedp.Run(ctx, chromedp.Evaluate[[]cell](`[...document.querySelectorAll("#matrixOut td[data-case]")].map(td => ({
+		case: td.dataset.case, store: td.dataset.store, verdict: td.className, why: td.querySelector(".cellwhy").textContent}))`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := labtest.Decode[struct {
+		Rows []struct {
+			Case struct {
+				Name string `json:"name"`
+			} `json:"case"`
+			Cells []struct {
+				Store     string `json:"store"`
+				Available bool   `json:"available"`
+				Verdict   string `json:"verdict"`
+			} `json:"cells"`
+		} `json:"rows"`
+	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/matrix", nil, ""))
+	want := map[string]string{}
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if c.Available {
+				want[row.Case.Name+"/"+c.Store] = c.Verdict
+			}
+		}
+	}
+	if len(cells) != len(want) {
+		t.Fatalf("the page shows %d cells, the API %d", len(cells), len(want))
+	}
+	for _, c := range cells {
+		if w := want[c.Case+"/"+c.Store]; c.Verdict != w || c.Why == "" {
+			t.Errorf("cell %s/%s: %s (%q), the API says %s", c.Case, c.Store, c.Verdict, c.Why, w)
+		}
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#matrixOut td[data-case="replicas"][data-store="memory"]`))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#result g.lane").length === 9 &&
+		new Set([...document.querySelectorAll("#result g.lane")].map(g => g.dataset.replica)).size === 3`)); err != nil {
+		t.Fatalf("the replicas cell did not open its 9 lanes over 3 replicas: %v", err)
+	}
+
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("token"), "admin-token-page"),
+		chromedp.Evaluate[chromedp.Void](`void document.getElementById("token").dispatchEvent(new Event("change"))`),
+		chromedp.Click(chromedp.ID("reset"))); err != nil {
+		t.Fatal(err)
+	}
+	text, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#result p")?.textContent.startsWith("Reset") && document.querySelector("#result p").textContent`))
+	if err != nil || !strings.HasPrefix(text, "Reset") {
+		t.Fatalf("reset with the admin token: %q %v", text, err)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page had problems: %v", p)
+	}
+}
+
+// TestPageMatrixBehindABasePathWithoutFaults: behind /16 and with faults
+// off, a plain run from the page works (no 403) and the fault control only
+// offers none; the matrix, with faults on, shows every cell's verdict and
+// reason as the API gives them, and a cell opens its run.
+func TestPageMatrixBehindABasePathWithoutFaults(t *testing.T) {
+	url, schema := labtest.Postgres(t)
+	cfg := app.DefaultConfig()
+	cfg.Variants = variants.Builtin()
+	cfg.Addr, cfg.BasePath, cfg.FaultsEnabled = "127.0.0.1:0", "/16", false
+	cfg.DatabaseURL, cfg.PGSchema, cfg.RedisPair = url, schema, false
+	a := labtest.Start(t, cfg)
+	ctx, problems := browser(t)
+	step, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#store option").length > 0`)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#fault option").length`)); err != nil || n != 1 {
+		t.Fatalf("faults off: %d fault options (%v), want none but \"none\"", n, err)
+	}
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("store"), "postgres"), chromedp.SetValue(chromedp.ID("compare"), "unsafe"),
+		chromedp.SetValue(chromedp.ID("key"), "page-base-1"), chromedp.Click(chromedp.ID("go"))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2 || !!document.querySelector("#result .error")`)); err != nil {
+		t.Fatal(err)
+	}
+	if msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#result .error")?.textContent ?? ""`)); msg != "" {
+		t.Fatalf("a plain run with faults off: %s", msg)
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page had problems: %v", p)

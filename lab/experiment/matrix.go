@@ -72,6 +72,9 @@ type Cell struct {
 	Explanation      string      `json:"explanation"`
 	Note             string      `json:"note,omitempty"`
 	RunID            string      `json:"run_id,omitempty"`
+	// Run is the whole run behind the cell, timeline included, so a page
+	// can open it.
+	Run *Report `json:"run,omitempty"`
 }
 
 // Row is one case across the stores.
@@ -130,6 +133,7 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 				cell.ProviderCaptures, cell.ProviderReceipts = rep.ProviderCaptures, rep.ProviderReceipts
 				cell.Verdict, cell.ExpectedVerdict = rep.Verdict, rep.ExpectedVerdict
 				cell.Explanation, cell.Note, cell.RunID = rep.Explanation, rep.Note, rep.RunID
+				cell.Run = &rep
 			}
 			row.Cells = append(row.Cells, cell)
 			done++
