@@ -226,13 +226,15 @@ func TestPageShowsTheRace(t *testing.T) {
 		Lanes   int    `json:"lanes"`
 		Charges string `json:"charges"`
 		Run     string `json:"run"`
+		Rows    int    `json:"rows"` // the ledger rows listed under the lanes
 	}
 	runs, err := chromedp.Run(ctx, chromedp.Evaluate[[]shown](`[...document.querySelectorAll(".pair .run")].map(r => ({
-		lanes: r.querySelectorAll("g.lane").length, charges: r.querySelector(".ledger").dataset.charges, run: r.querySelector(".ledger").dataset.run}))`))
+		lanes: r.querySelectorAll("g.lane").length, charges: r.querySelector(".ledger").dataset.charges, run: r.querySelector(".ledger").dataset.run,
+		rows: r.querySelectorAll("table.rows tbody tr").length}))`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(runs) != 2 || runs[0].Lanes != 5 || runs[1].Lanes != 5 || runs[0].Charges != "5" || runs[1].Charges != "1" {
+	if len(runs) != 2 || runs[0].Lanes != 5 || runs[1].Lanes != 5 || runs[0].Charges != "5" || runs[1].Charges != "1" || runs[0].Rows != 5 || runs[1].Rows != 1 {
 		t.Fatalf("side by side: %+v; want 5 lanes each, 5 and 1 charges", runs)
 	}
 	for _, r := range runs {

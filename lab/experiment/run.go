@@ -111,6 +111,9 @@ type Report struct {
 	ProviderCaptureCalls int `json:"provider_capture_calls"` // capture requests that reached it
 	ProviderReceipts     int `json:"provider_receipts"`      // distinct receipts
 	ChargesCapturedTwice int `json:"charges_captured_twice"` // charges the provider captured more than once
+	// LedgerRows are the ledger rows the run added (the first 64), oldest
+	// first, with their payment state.
+	LedgerRows []lab.Payment `json:"ledger_rows,omitempty"`
 	// FencedWrites are ledger writes the fence refused in this run: stale
 	// workers whose claim was taken over.
 	FencedWrites int `json:"fenced_writes"`
@@ -664,6 +667,9 @@ func problemCode(body []byte) string {
 	return p.Code
 }
 
+// maxLedgerRows bounds the rows a report lists: as many as a run's attempts.
+const maxLedgerRows = 64
+
 // runLimit bounds the charges and captures one run's reconciliation reads:
 // more than any run makes.
 const runLimit = 1000
@@ -678,6 +684,8 @@ func (r *Runner) reconcile(ctx context.Context, ns lab.Namespace, rep *Report) e
 	if err != nil {
 		return fmt.Errorf("error reading the run's charges: %w", err)
 	}
+	rep.LedgerRows = slices.Clone(payments[:min(len(payments), maxLedgerRows)])
+	slices.Reverse(rep.LedgerRows) // oldest first, as they were charged
 	err = reread(ctx, func() (err error) {
 		captures, err = r.Provider.Captures(ctx, provider.Filter{Namespace: string(ns), Run: rep.RunID, Limit: runLimit})
 		return err
