@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"io"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -84,6 +85,17 @@ func (s *Server) effectsMatrix(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	return writeMatrix(c, format, m)
+}
+
+// tableWriter is a matrix in its text forms.
+type tableWriter interface {
+	WriteMarkdown(w io.Writer) error
+	WriteTable(w io.Writer) error
+}
+
+// writeMatrix answers a matrix in the format asked: json, markdown or table.
+func writeMatrix(c echo.Context, format string, m tableWriter) error {
 	switch format {
 	case "markdown":
 		c.Response().Header().Set(echo.HeaderContentType, "text/markdown; charset=utf-8")

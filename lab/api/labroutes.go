@@ -517,15 +517,5 @@ func (s *Server) matrix(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	switch format {
-	case "markdown":
-		c.Response().Header().Set(echo.HeaderContentType, "text/markdown; charset=utf-8")
-		c.Response().WriteHeader(http.StatusOK)
-		return m.WriteMarkdown(c.Response())
-	case "table":
-		c.Response().Header().Set(echo.HeaderContentType, echo.MIMETextPlainCharsetUTF8)
-		c.Response().WriteHeader(http.StatusOK)
-		return m.WriteTable(c.Response())
-	}
-	return c.JSON(http.StatusOK, m)
+	return writeMatrix(c, format, m)
 }

@@ -10,12 +10,20 @@ import (
 	"github.com/idempotency-lab/lab/lab/provider"
 )
 
-// Provider serves a payment provider over real HTTP for the test, its
-// records in memory, and returns a client of it.
-func Provider(tb testing.TB) *provider.Client {
+// ProviderServer is a payment provider served over real HTTP for a test.
+type ProviderServer struct {
+	Client   *provider.Client
+	Records  *provider.Memory
+	Provider *provider.Provider
+}
+
+// StartProvider serves a payment provider over real HTTP for the test, its
+// records in memory.
+func StartProvider(tb testing.TB) ProviderServer {
 	tb.Helper()
+	records := provider.NewMemory()
 	cfg := provider.DefaultConfig()
-	cfg.Records, cfg.Logger = provider.NewMemory(), slog.New(slog.DiscardHandler)
+	cfg.Records, cfg.Logger = records, slog.New(slog.DiscardHandler)
 	p, err := provider.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -24,5 +32,8 @@ func Provider(tb testing.TB) *provider.Client {
 	p.Register(e.Group("/provider"))
 	srv := httptest.NewServer(e)
 	tb.Cleanup(srv.Close)
-	return provider.NewClient(srv.URL+"/provider", srv.Client())
+	return ProviderServer{Client: provider.NewClient(srv.URL+"/provider", srv.Client()), Records: records, Provider: p}
 }
+
+// Provider serves a payment provider for the test and returns a client of it.
+func Provider(tb testing.TB) *provider.Client { return StartProvider(tb).Client }

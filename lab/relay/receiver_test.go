@@ -2,13 +2,10 @@ package relay_test
 
 import (
 	"context"
-	"log/slog"
-	"net/http/httptest"
 	"testing"
 
-	"github.com/labstack/echo/v4"
-
 	"github.com/idempotency-lab/lab/lab/delivery"
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
 
@@ -22,18 +19,8 @@ type receiver struct {
 
 func newReceiver(t *testing.T) *receiver {
 	t.Helper()
-	records := provider.NewMemory()
-	cfg := provider.DefaultConfig()
-	cfg.Records, cfg.Logger = records, slog.New(slog.DiscardHandler)
-	p, err := provider.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := echo.New()
-	p.Register(e.Group("/provider"))
-	srv := httptest.NewServer(e)
-	t.Cleanup(srv.Close)
-	return &receiver{Provider: delivery.New(provider.NewClient(srv.URL+"/provider", srv.Client())), records: records, provider: p}
+	ps := labtest.StartProvider(t)
+	return &receiver{Provider: delivery.New(ps.Client), records: ps.Records, provider: ps.Provider}
 }
 
 // receipts counts a run's distinct receipts and their deliveries at the
