@@ -173,6 +173,7 @@ func Perform(ctx context.Context, ledger Ledger, a Attempt, now time.Time) (Resp
 		var oc *OrderConflictError
 		switch {
 		case err == nil:
+			Mark(ctx, PhaseCharge)
 			return ChargeResponse(c), nil
 		case errors.As(err, &oc):
 			return OrderConflictResponse(oc), nil

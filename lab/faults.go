@@ -215,6 +215,7 @@ func (f Faults) Pause(ctx context.Context) error {
 	if err := Sleep(ctx, f.Work); err != nil {
 		return fmt.Errorf("%s pause interrupted: %w", f.Point, err)
 	}
+	Mark(ctx, PhaseWork)
 	return nil
 }
 

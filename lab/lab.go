@@ -237,6 +237,8 @@ type OutboxStats struct {
 	Pending          int           `json:"outbox_pending"`
 	Delivered        int           `json:"outbox_delivered"`
 	Dead             int           `json:"outbox_dead"`
+	InFlight         int           `json:"outbox_in_flight"` // pending, leased to a relay worker now
+	Retries          int           `json:"outbox_retries"`   // delivery attempts beyond each event's first
 	OldestPendingAge time.Duration `json:"-"`
 }
 
@@ -266,6 +268,8 @@ type KeyState struct {
 	CreatedAt   time.Time `json:"created_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	AgeMS       int64     `json:"age_ms"`
+	// Response is the stored answer's body; only a lookup of one key reads it.
+	Response json.RawMessage `json:"response,omitempty"`
 }
 
 // Key states.
@@ -293,8 +297,9 @@ type KeyLister interface {
 
 // KeyLooker reports one key's state.
 type KeyLooker interface {
-	// Lookup reports the state of one key (KeyAbsent when there is none).
-	Lookup(ctx context.Context, s Scope) (string, error)
+	// Lookup reports one key: its state (KeyAbsent, and nothing else, when
+	// there is none or it expired), fingerprint, times and stored response.
+	Lookup(ctx context.Context, s Scope) (KeyState, error)
 }
 
 // Resetter forgets every key a store holds in a namespace ("" for all).

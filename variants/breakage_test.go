@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -259,5 +262,69 @@ func TestInProcessReplicas(t *testing.T) {
 		if replicas["r1"] != 3 || replicas["r2"] != 3 || replicas["r3"] != 3 {
 			t.Errorf("%s: the timeline names replicas %v, want r1, r2 and r3 three times each", store, replicas)
 		}
+	}
+}
+
+// TestMatrixStreams: format=ndjson answers the layout at once, then each
+// cell as it is decided, counting up to the total, then the wall time; each
+// cell's charges are the ledger's for its run.
+func TestMatrixStreams(t *testing.T) {
+	t.Parallel()
+	cfg := labConfig()
+	cfg.Variants = slices.DeleteFunc(variants.Builtin(), func(v variant.Variant) bool { return v.Name != memory.Name && v.Name != nokey.Name })
+	a := labtest.Start(t, cfg)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, a.URL()+"/lab/matrix?format=ndjson", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("%d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	type line struct {
+		Stores []lab.StoreName   `json:"stores"`
+		Cases  []experiment.Case `json:"cases"`
+		Total  int               `json:"total"`
+		Done   int               `json:"done"`
+		Case   string            `json:"case"`
+		Cell   *experiment.Cell  `json:"cell"`
+		WallMS *float64          `json:"wall_ms"`
+		Error  *lab.Problem      `json:"error"`
+	}
+	dec := json.NewDecoder(resp.Body)
+	var first line
+	if err := dec.Decode(&first); err != nil {
+		t.Fatal(err)
+	}
+	if want := len(experiment.Cases()) * 2; first.Total != want || len(first.Stores) != 2 || len(first.Cases) != len(experiment.Cases()) {
+		t.Fatalf("layout %+v, want 2 stores and %d cells", first, want)
+	}
+	done := 0
+	for {
+		var l line
+		if err := dec.Decode(&l); err != nil {
+			t.Fatalf("after %d cells: %v", done, err)
+		}
+		if l.Error != nil {
+			t.Fatalf("the matrix stopped: %+v", l.Error)
+		}
+		if l.WallMS != nil {
+			break
+		}
+		done++
+		if l.Cell == nil || l.Done != done || l.Total != first.Total {
+			t.Fatalf("line %d: %+v", done, l)
+		}
+		if !l.Cell.Available {
+			continue
+		}
+		s, err := a.Books().RunStats(t.Context(), l.Cell.RunID)
+		if err != nil || s.Charges != l.Cell.Charges {
+			t.Errorf("%s/%s: the stream says %d charges, the ledger holds %d for run %s (%v)", l.Case, l.Cell.Store, l.Cell.Charges, s.Charges, l.Cell.RunID, err)
+		}
+	}
+	if done != first.Total {
+		t.Fatalf("%d cells streamed, want %d", done, first.Total)
 	}
 }

@@ -126,6 +126,9 @@ func TestEffectsExactlyOnceAtAFlakyProvider(t *testing.T) {
 	for _, ev := range events {
 		attempts += ev.Attempts
 	}
+	if st, err := a.Books().OutboxStats(ctx, "acme"); err != nil || st.Retries != attempts-len(events) || st.InFlight != 0 {
+		t.Errorf("outbox stats %+v (%v): want %d retries (%d attempts for %d events), none in flight", st, err, attempts-len(events), attempts, len(events))
+	}
 	t.Logf("provider: %d capture calls for %d captures, %d receipt deliveries for %d receipts; %d errors injected, %d answers lost; relay: %d delivery attempts for %d events",
 		got.CaptureRequests, got.CapturesApplied, got.ReceiptDeliveries, got.Receipts, got.ErrorsInjected, got.ResponsesLost, attempts, len(events))
 	s := runStats(t, a, "run-flaky")

@@ -17,6 +17,8 @@ type outboxView struct {
 	Pending    int         `json:"outbox_pending"`
 	Delivered  int         `json:"outbox_delivered"`
 	Dead       int         `json:"outbox_dead"`
+	InFlight   int         `json:"outbox_in_flight"`
+	Retries    int         `json:"outbox_retries"`
 	Receipts   int         `json:"receipts"`
 	Deliveries int         `json:"deliveries"`
 }
@@ -89,6 +91,9 @@ func TestDeadEventRetried(t *testing.T) {
 			if ev.State != lab.EventDead || ev.Attempts != 3 || ev.LastError == "" || v.Receipts != 0 || dropped() != 3 {
 				t.Fatalf("dead event %+v, receipts %d, connections the provider dropped %d: want dead after 3 attempts", ev, v.Receipts, dropped())
 			}
+			if v.Retries != 2 || v.InFlight != 0 {
+				t.Fatalf("outbox counts %d retries, %d in flight: want the 2 attempts after the first, none leased", v.Retries, v.InFlight)
+			}
 
 			retry(labtest.Globex, ev.ID, http.StatusNotFound, "event_not_found") // another namespace's
 			retry(labtest.Acme, "00000000-0000-4000-8000-000000000000", http.StatusNotFound, "event_not_found")
@@ -108,7 +113,7 @@ func TestDeadEventRetried(t *testing.T) {
 				t.Fatalf("requeued %+v: want it pending with its attempts reset", got)
 			}
 			v = waitFor("the event delivered", func(v outboxView) bool { return v.Delivered == 1 })
-			if v.Events[0].Attempts != 1 || v.Dead != 0 || v.Pending != 0 || v.Receipts != 1 || v.Deliveries != 1 {
+			if v.Events[0].Attempts != 1 || v.Dead != 0 || v.Pending != 0 || v.Retries != 0 || v.Receipts != 1 || v.Deliveries != 1 {
 				t.Fatalf("outbox %+v, event %+v: want it delivered once, on its first attempt after the retry", v, v.Events[0])
 			}
 			retry(labtest.Acme, ev.ID, http.StatusConflict, "event_delivered")

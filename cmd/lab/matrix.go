@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
 )
@@ -57,8 +56,8 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer cancel()
 		_ = a.Close(sctx)
 	}()
-	mx, err := a.Server().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, store lab.StoreName) {
-		bar.show(done, total, c.Name+" / "+string(store))
+	mx, err := a.Server().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, cell experiment.Cell) {
+		bar.show(done, total, c.Name+" / "+string(cell.Store))
 	})
 	bar.end()
 	if err != nil {

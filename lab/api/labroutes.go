@@ -3,6 +3,7 @@ package api
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -245,13 +246,17 @@ func (s *Server) state(c echo.Context) error {
 		if len(names) != 1 {
 			return lab.Invalid("store", "is required with key=")
 		}
-		state := lab.KeyAbsent // a store that keeps no keys never holds this one
+		k := lab.KeyState{Tenant: tenant, Key: key, State: lab.KeyAbsent} // a store that keeps no keys never holds this one
 		if l, ok := s.deps.Stores[names[0]].(lab.KeyLooker); ok {
-			if state, err = l.Lookup(ctx, lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}); err != nil {
+			if k, err = l.Lookup(ctx, lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}); err != nil {
 				return err
 			}
 		}
-		return c.JSON(http.StatusOK, map[string]any{"store": names[0], "tenant": tenant, "key": key, "key_state": state})
+		return c.JSON(http.StatusOK, struct {
+			Store lab.StoreName `json:"store"`
+			Seen  string        `json:"key_state"` // as the runs' key_before/key_after name it
+			lab.KeyState
+		}{names[0], k.State, k})
 	}
 	stores := map[lab.StoreName]any{}
 	for _, name := range names {
@@ -355,6 +360,7 @@ func (s *Server) outbox(c echo.Context) error {
 	}
 	return c.JSON(http.StatusOK, map[string]any{
 		"events": events, "outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
+		"outbox_in_flight": stats.InFlight, "outbox_retries": stats.Retries,
 		"oldest_pending_ms": stats.OldestPendingAge.Milliseconds(), "receipts": unique, "deliveries": deliveries,
 		"duplicate_deliveries": deliveries - unique, "side_effect_transport": "outbox (unsafe sends directly)",
 		"provider": got.Stats,
@@ -478,7 +484,7 @@ const (
 
 // Matrix runs every store against every case in id's namespace, each cell
 // a real run.
-func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(done, total int, c experiment.Case, store lab.StoreName)) (experiment.Matrix, error) {
+func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(done, total int, c experiment.Case, cell experiment.Cell)) (experiment.Matrix, error) {
 	second := id.Second()
 	return s.deps.Runner.RunMatrix(ctx, experiment.MatrixRequest{
 		Stores: s.deps.Variants.Names(),
@@ -502,7 +508,7 @@ func (s *Server) matrix(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	format, err := q.Choice("format", "json", "json", "markdown", "table")
+	format, err := q.Choice("format", "json", "json", "markdown", "table", "ndjson")
 	if err != nil {
 		return err
 	}
@@ -513,9 +519,42 @@ func (s *Server) matrix(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if format == "ndjson" {
+		return s.streamMatrix(c, who.Identity)
+	}
 	m, err := s.Matrix(c.Request().Context(), who.Identity, nil)
 	if err != nil {
 		return err
 	}
 	return writeMatrix(c, format, m)
+}
+
+// streamMatrix answers the matrix as it runs, one JSON line per event: the
+// layout first ({"stores", "cases", "total"}), then each cell as it is
+// decided ({"done", "case", "cell"}), then {"wall_ms"} — or {"error"} with
+// the problem that stopped it, since the status line is long gone by then.
+func (s *Server) streamMatrix(c echo.Context, id tenants.Identity) error {
+	w := c.Response()
+	w.Header().Set(echo.HeaderContentType, "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	line := func(v any) {
+		_ = enc.Encode(v) // a client that left ends the run through its context
+		w.Flush()
+	}
+	stores := s.deps.Variants.Names()
+	cases := experiment.Cases()
+	line(map[string]any{"stores": stores, "cases": cases, "total": len(stores) * len(cases)})
+	m, err := s.Matrix(c.Request().Context(), id, func(done, total int, cs experiment.Case, cell experiment.Cell) {
+		line(map[string]any{"done": done, "total": total, "case": cs.Name, "cell": cell})
+	})
+	if err != nil {
+		p, _ := toProblem(err)
+		s.log.ErrorContext(c.Request().Context(), "matrix stopped", "code", p.code, "err", err)
+		line(map[string]any{"error": lab.Problem{Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param}})
+		return nil
+	}
+	line(map[string]any{"wall_ms": m.WallMS})
+	return nil
 }

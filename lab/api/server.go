@@ -330,7 +330,8 @@ func (s *Server) postCharge(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if v, _ := s.deps.Variants.Get(st.Name()); !hasKey && v.RequiresKey {
+	v, _ := s.deps.Variants.Get(st.Name())
+	if !hasKey && v.RequiresKey {
 		return errKeyMissing
 	}
 	if hasKey {
@@ -369,8 +370,20 @@ func (s *Server) postCharge(c echo.Context) error {
 		Store: st.Name(), Faults: faults,
 	}
 	began := time.Now()
-	out, err := st.Charge(r.Context(), a)
+	phases := lab.NewPhases(began)
+	ctx := lab.WithPhases(r.Context(), phases)
+	out, err := st.Charge(ctx, a)
 	s.metrics.observe(st.Name(), out, err, time.Since(began))
+	switch {
+	case err != nil || out.Pending != nil || !v.RequiresKey:
+	case out.Replayed:
+		lab.Mark(ctx, lab.PhaseReplay)
+	default:
+		lab.Mark(ctx, lab.PhaseCommit) // a keyed store returns once the response is stored
+	}
+	if v := phases.ServerTiming(); v != "" {
+		c.Response().Header().Set("Server-Timing", v)
+	}
 	if err != nil {
 		if errors.Is(err, lab.ErrCrash) {
 			s.log.InfoContext(r.Context(), "injected crash: dropping the connection", "store", st.Name(), "fault", faults.Point)
@@ -446,7 +459,7 @@ func (s *Server) index(c echo.Context) error {
 			"POST " + base + "/outbox/{event_id}/retry",
 			"GET " + base + "/diagnostics/summary",
 			"POST " + base + "/reset-lab",
-			"GET " + base + "/lab/matrix?format=json|markdown|table",
+			"GET " + base + "/lab/matrix?format=json|markdown|table|ndjson",
 			"GET " + base + "/lab/effects?format=json|markdown|table",
 			"GET " + base + "/lab/reconcile?run=",
 			"POST " + base + "/webhooks/provider (Provider-Signature)",

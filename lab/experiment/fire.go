@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idempotency-lab/lab/lab"
 )
 
 // ReplicaHeader names, on every answer of the lab, the replica that gave it.
@@ -29,13 +31,16 @@ type Request struct {
 
 // Try is one HTTP exchange of an attempt.
 type Try struct {
-	Status     int           `json:"status"`            // 0 when the connection dropped
-	Replica    string        `json:"replica,omitempty"` // the replica that answered (its Lab-Replica header)
-	Replayed   bool          `json:"replayed"`
-	From       string        `json:"replayed_from,omitempty"` // where the replay was read, when the design says
-	Code       string        `json:"code,omitempty"`
-	Error      string        `json:"error,omitempty"`
-	StartMS    float64       `json:"start_ms"` // since the barrier's release
+	Status   int     `json:"status"`            // 0 when the connection dropped
+	Replica  string  `json:"replica,omitempty"` // the replica that answered (its Lab-Replica header)
+	Replayed bool    `json:"replayed"`
+	From     string  `json:"replayed_from,omitempty"` // where the replay was read, when the design says
+	Code     string  `json:"code,omitempty"`
+	Error    string  `json:"error,omitempty"`
+	StartMS  float64 `json:"start_ms"` // since the barrier's release
+	// Phases are the server's steps (its Server-Timing), each at_ms since
+	// the barrier's release: claim, work, charge, commit, or replay.
+	Phases     []lab.PhaseAt `json:"phases,omitempty"`
 	LatencyMS  float64       `json:"latency_ms"`
 	Body       []byte        `json:"-"`
 	retryAfter time.Duration // from Retry-After
@@ -152,6 +157,9 @@ func send(ctx context.Context, client *http.Client, req Request, released time.T
 	t.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
 	t.Replica = resp.Header.Get(ReplicaHeader)
 	t.From = resp.Header.Get(ReplayedFromHeader)
+	for _, p := range lab.ParseServerTiming(resp.Header.Get("Server-Timing")) {
+		t.Phases = append(t.Phases, lab.PhaseAt{Name: p.Name, AtMS: t.StartMS + p.AtMS})
+	}
 	t.Code = problemCode(t.Body)
 	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
 		t.retryAfter = time.Duration(s) * time.Second / 4 // the lab retries faster than a real client

@@ -106,7 +106,8 @@ type MatrixRequest struct {
 	Other           string
 	Account         string
 	Amount          int64
-	Progress        func(done, total int, c Case, store lab.StoreName)
+	// Progress, when set, is told of each cell as it is decided.
+	Progress func(done, total int, c Case, cell Cell)
 }
 
 // RunMatrix runs every case on every available store, each on fresh keys.
@@ -138,7 +139,7 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 			row.Cells = append(row.Cells, cell)
 			done++
 			if req.Progress != nil {
-				req.Progress(done, total, c, store)
+				req.Progress(done, total, c, cell)
 			}
 		}
 		m.Rows = append(m.Rows, row)

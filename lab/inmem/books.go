@@ -332,10 +332,14 @@ func (b *Books) OutboxStats(_ context.Context, ns lab.Namespace) (lab.OutboxStat
 		if !ns.Owns(ev.Tenant) {
 			continue
 		}
+		s.Retries += max(ev.Attempts-1, 0)
 		switch ev.State {
 		case lab.EventPending:
 			s.Pending++
 			s.OldestPendingAge = max(s.OldestPendingAge, now.Sub(ev.CreatedAt))
+			if ev.LeaseExpires.After(now) {
+				s.InFlight++
+			}
 		case lab.EventDelivered:
 			s.Delivered++
 		case lab.EventDead:

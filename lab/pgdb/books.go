@@ -323,8 +323,10 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 	err := b.pool.QueryRow(ctx, `
 		SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'delivered'),
 		       count(*) FILTER (WHERE state = 'dead'),
+		       count(*) FILTER (WHERE state = 'pending' AND lease_expires_at > $1),
+		       coalesce(sum(greatest(attempts - 1, 0)), 0),
 		       coalesce(extract(epoch FROM $1::timestamptz - min(created_at) FILTER (WHERE state = 'pending')), 0)::float8
-		FROM outbox WHERE $2 = '' OR namespace = $2`, b.now(), string(ns)).Scan(&s.Pending, &s.Delivered, &s.Dead, &oldest)
+		FROM outbox WHERE $2 = '' OR namespace = $2`, b.now(), string(ns)).Scan(&s.Pending, &s.Delivered, &s.Dead, &s.InFlight, &s.Retries, &oldest)
 	if err != nil {
 		return s, fmt.Errorf("error counting outbox events: %w", err)
 	}

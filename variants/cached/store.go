@@ -158,7 +158,7 @@ func (s *Store) fill(ctx context.Context, a lab.Attempt, resp lab.Response) {
 
 // Lookup reports the key's state as PostgreSQL holds it: the cache only
 // ever holds a copy.
-func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
+func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (lab.KeyState, error) {
 	return s.db.Lookup(ctx, sc)
 }
 

@@ -238,7 +238,8 @@ func (e *env) lookup(t tb, sc lab.Scope) (string, bool) {
 	if !ok {
 		return "", false
 	}
-	st, err := kl.Lookup(context.Background(), sc)
+	k, err := kl.Lookup(context.Background(), sc)
+	st := k.State
 	if err != nil {
 		t.Fatalf("looking up %s: %v", sc, err)
 	}

@@ -104,6 +104,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		}
 		break
 	}
+	lab.Mark(ctx, lab.PhaseClaim) // phase one committed
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays until its lease ends; then a retry takes over
 	}
@@ -225,6 +226,7 @@ func (s *Store) write(ctx context.Context, a lab.Attempt, cl claim, retention ti
 		case err != nil:
 			return err
 		default:
+			lab.Mark(ctx, lab.PhaseCharge)
 			resp = lab.ChargeResponse(c)
 		}
 		tag, err := tx.Exec(ctx, `
@@ -296,15 +298,19 @@ func (s *Store) release(a lab.Attempt, cl claim) {
 // claim is committed, so every replica sees it), completed once written.
 // A claim whose lease ended, or that was released, is absent: the next
 // attempt takes it over (the row stays, keeping the token rising).
-func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
+func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (lab.KeyState, error) {
 	r, err := s.read(ctx, sc, s.now())
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && (r.state == lab.KeyCompleted && r.expired || r.state == lab.KeyInFlight && r.leaseOver):
-		return lab.KeyAbsent, nil
+		return lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: lab.KeyAbsent}, nil
 	case err != nil:
-		return "", err
+		return lab.KeyState{}, err
 	}
-	return r.state, nil
+	k := lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: r.state, Fingerprint: r.fingerprint, Response: r.body}
+	if r.status != nil {
+		k.Status = *r.status
+	}
+	return k, nil
 }
 
 // Operation reports a key's operation: its state, token and lease, and the

@@ -58,7 +58,8 @@ func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
 	// The claim is committed (visible while the work runs), then its lease ends.
 	sawInFlight := false
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		st, err := s.Lookup(ctx, owner.Scope)
+		k, err := s.Lookup(ctx, owner.Scope)
+		st := k.State
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +130,7 @@ func TestLongWorkAnswers202(t *testing.T) {
 		done <- out
 	}()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if st, _ := s.Lookup(ctx, owner.Scope); st == lab.KeyInFlight {
+		if k, _ := s.Lookup(ctx, owner.Scope); k.State == lab.KeyInFlight {
 			break // the owner's claim is committed
 		}
 		if time.Now().After(deadline) {

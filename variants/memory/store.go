@@ -180,6 +180,7 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		s.crash(lab.NamespaceOf(a.Scope.Tenant))
 		return lab.Outcome{}, lab.ErrCrash
 	}
+	lab.Mark(ctx, lab.PhaseClaim)
 	a.ChargeID = e.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && e.inherited {
@@ -307,17 +308,31 @@ func (s *Store) Len() int {
 }
 
 // Lookup reports the state of one key.
-func (s *Store) Lookup(_ context.Context, sc lab.Scope) (string, error) {
+func (s *Store) Lookup(_ context.Context, sc lab.Scope) (lab.KeyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
 	e, ok := s.getLocked(sc)
-	switch {
-	case !ok || ((e.resp != nil || e.unknown) && !s.now().Before(e.expiresAt)):
-		return lab.KeyAbsent, nil
-	case e.resp == nil:
-		return lab.KeyInFlight, nil
+	if !ok || ((e.resp != nil || e.unknown) && !now.Before(e.expiresAt)) {
+		return lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: lab.KeyAbsent}, nil
 	}
-	return lab.KeyCompleted, nil
+	ks := e.state(now)
+	if e.resp != nil {
+		ks.Response = e.resp.Body
+	}
+	return ks, nil
+}
+
+// state is the entry as /idempotency/state shows it; the caller holds s.mu.
+func (e *entry) state(now time.Time) lab.KeyState {
+	ks := lab.KeyState{
+		Tenant: e.scope.Tenant, Key: e.scope.Key, State: lab.KeyInFlight, Fingerprint: e.fingerprint,
+		CreatedAt: e.createdAt.UTC(), AgeMS: now.Sub(e.createdAt).Milliseconds(),
+	}
+	if e.resp != nil {
+		ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.resp.Status, e.expiresAt.UTC()
+	}
+	return ks
 }
 
 // Keys lists the namespace's newest keys ("" for every namespace's). It
@@ -334,15 +349,7 @@ func (s *Store) Keys(_ context.Context, ns lab.Namespace, limit int) ([]lab.KeyS
 		}
 		total += len(p.entries)
 		for el, n := p.order.Back(), 0; el != nil && n < limit; el, n = el.Prev(), n+1 {
-			e := el.Value.(*entry)
-			ks := lab.KeyState{
-				Tenant: e.scope.Tenant, Key: e.scope.Key, State: lab.KeyInFlight, Fingerprint: e.fingerprint,
-				CreatedAt: e.createdAt.UTC(), AgeMS: now.Sub(e.createdAt).Milliseconds(),
-			}
-			if e.resp != nil {
-				ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.resp.Status, e.expiresAt.UTC()
-			}
-			out = append(out, ks)
+			out = append(out, el.Value.(*entry).state(now))
 		}
 	}
 	// Each part gave its newest in claim order; across parts (the admin's

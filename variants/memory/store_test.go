@@ -105,8 +105,8 @@ func TestFailedWorkReleasesTheKey(t *testing.T) {
 	if _, err := s.Charge(context.Background(), a); err == nil {
 		t.Fatal("outbox failure did not fail the charge")
 	}
-	if st, _ := s.Lookup(context.Background(), a.Scope); st != lab.KeyAbsent {
-		t.Fatalf("key after failure: %s", st)
+	if k, _ := s.Lookup(context.Background(), a.Scope); k.State != lab.KeyAbsent {
+		t.Fatalf("key after failure: %s", k.State)
 	}
 	out, err := s.Charge(context.Background(), attempt("k-fail", 100))
 	if err != nil || out.Replayed {
@@ -257,8 +257,8 @@ func TestUnsettledKeysExpire(t *testing.T) {
 	if _, err := s.Charge(ctx, attempt("k-unsettled", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
 		t.Fatalf("first: %v", err)
 	}
-	if st, _ := s.Lookup(ctx, attempt("k-unsettled", 100).Scope); st != lab.KeyInFlight {
-		t.Fatalf("state %s, want kept", st)
+	if k, _ := s.Lookup(ctx, attempt("k-unsettled", 100).Scope); k.State != lab.KeyInFlight {
+		t.Fatalf("state %s, want kept", k.State)
 	}
 	c.advance(2 * time.Hour)
 	if n, _ := s.Sweep(ctx); n != 1 || s.Len() != 0 {

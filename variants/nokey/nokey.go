@@ -68,6 +68,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	if err != nil {
 		return lab.Outcome{}, fmt.Errorf("error applying charge: %w", err)
 	}
+	lab.Mark(ctx, lab.PhaseCharge)
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
 		return lab.Outcome{}, lab.ErrCrash
 	}

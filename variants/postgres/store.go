@@ -190,6 +190,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return replay(a, row)
 	}
 
+	lab.Mark(ctx, lab.PhaseClaim)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return out, lab.ErrCrash
 	}
@@ -210,6 +211,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	case err != nil:
 		return out, err
 	default:
+		lab.Mark(ctx, lab.PhaseCharge)
 		resp = lab.ChargeResponse(c)
 	}
 	if _, err := tx.Exec(ctx, s.q(`
@@ -312,18 +314,21 @@ func isLockTimeout(err error) bool {
 }
 
 // Lookup reports one key's state.
-func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
-	var state string
+func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (lab.KeyState, error) {
+	k := lab.KeyState{Tenant: sc.Tenant, Key: sc.Key}
 	var live bool
-	err := s.pool.QueryRow(ctx, s.q(`SELECT state, expires_at > $4 FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
-		sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&state, &live)
+	err := s.pool.QueryRow(ctx, s.q(`
+		SELECT state, request_fingerprint, coalesce(response_status, 0), response_body, created_at, expires_at,
+		       (extract(epoch FROM $4::timestamptz - created_at) * 1000)::bigint, expires_at > $4
+		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
+		sc.Tenant, sc.Endpoint, sc.Key, s.now()).Scan(&k.State, &k.Fingerprint, &k.Status, &k.Response, &k.CreatedAt, &k.ExpiresAt, &k.AgeMS, &live)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) || err == nil && !live:
-		return lab.KeyAbsent, nil
+		return lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: lab.KeyAbsent}, nil
 	case err != nil:
-		return "", fmt.Errorf("error reading key: %w", err)
+		return lab.KeyState{}, fmt.Errorf("error reading key: %w", err)
 	}
-	return state, nil
+	return k, nil
 }
 
 // Keys lists the newest keys.

@@ -231,6 +231,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 // perform charges behind a claim. An inherited claim carries the charge id
 // of an unsettled key, which must never be given up on a failure.
 func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inherited bool) (lab.Outcome, error) {
+	lab.Mark(ctx, lab.PhaseClaim)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
 	}
@@ -268,16 +269,20 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 }
 
 // Lookup reports one key's state.
-func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (string, error) {
+func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (lab.KeyState, error) {
 	v, err := s.client.Get(ctx, s.key(sc)).Result()
 	if errors.Is(err, goredis.Nil) {
-		return lab.KeyAbsent, nil
+		return lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: lab.KeyAbsent}, nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("error reading key: %w", err)
+		return lab.KeyState{}, fmt.Errorf("error reading key: %w", err)
 	}
 	d, err := decode(v)
-	return d.state, err
+	if err != nil {
+		return lab.KeyState{}, err
+	}
+	return lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: d.state, Fingerprint: d.fingerprint, Status: d.rec.Status,
+		CreatedAt: d.rec.CreatedAt, AgeMS: s.now().Sub(d.rec.CreatedAt).Milliseconds(), Response: d.rec.Body}, nil
 }
 
 // scan visits every key of a namespace ("" for all the lab's keys).

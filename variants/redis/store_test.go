@@ -116,13 +116,14 @@ func TestTTLsRunInRealTime(t *testing.T) {
 		if _, err := s.Charge(ctx, attempt("k-ttl", 100, lab.Faults{Retention: 100 * time.Millisecond})); err != nil {
 			t.Fatal(err)
 		}
-		if st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); st != lab.KeyCompleted {
-			t.Fatalf("state %s right after the charge", st)
+		if k, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope); k.State != lab.KeyCompleted {
+			t.Fatalf("state %s right after the charge", k.State)
 		}
 		// The server's clock runs the TTL: wait for it, bounded.
 		deadline := time.Now().Add(2 * time.Second)
 		for {
-			st, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope)
+			k, _ := s.Lookup(ctx, attempt("k-ttl", 100, lab.Faults{}).Scope)
+			st := k.State
 			if st == lab.KeyAbsent {
 				break
 			}
@@ -146,8 +147,8 @@ func TestExpiredClaimIsNotCompleted(t *testing.T) {
 		if _, err := s.Charge(ctx, attempt("k-slow", 100, slow)); err != nil {
 			t.Fatal(err)
 		}
-		if st, _ := s.Lookup(ctx, attempt("k-slow", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
-			t.Fatalf("state %s: the expired claim's owner stored its record", st)
+		if k, _ := s.Lookup(ctx, attempt("k-slow", 100, lab.Faults{}).Scope); k.State != lab.KeyAbsent {
+			t.Fatalf("state %s: the expired claim's owner stored its record", k.State)
 		}
 	})
 }
@@ -162,8 +163,8 @@ func TestCrashAfterClaimLeavesTheClaim(t *testing.T) {
 		if _, err := s.Charge(ctx, attempt("k-crash", 100, f)); !errors.Is(err, lab.ErrCrash) {
 			t.Fatalf("got %v", err)
 		}
-		if st, _ := s.Lookup(ctx, attempt("k-crash", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
-			t.Fatalf("state %s, want the claim left behind", st)
+		if k, _ := s.Lookup(ctx, attempt("k-crash", 100, lab.Faults{}).Scope); k.State != lab.KeyInFlight {
+			t.Fatalf("state %s, want the claim left behind", k.State)
 		}
 		// The bounded wait (2 s) outlasts the TTL: the retry claims and charges once.
 		if out, err := s.Charge(ctx, attempt("k-crash", 100, lab.Faults{})); err != nil || out.Replayed {
@@ -196,8 +197,8 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 		if err := s.Restart(ctx, ""); err != nil {
 			t.Fatal(err)
 		}
-		if st, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); st != lab.KeyAbsent {
-			t.Fatalf("lab key survived the restart: %s", st)
+		if k, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); k.State != lab.KeyAbsent {
+			t.Fatalf("lab key survived the restart: %s", k.State)
 		}
 		if v, err := other.Get(ctx, foreign).Result(); err != nil || v != "keep me" {
 			t.Fatalf("foreign key: %q %v", v, err)
@@ -220,8 +221,8 @@ func TestAmbiguousCommitIsNotChargedTwice(t *testing.T) {
 		if _, err := s.Charge(ctx, attempt("k-lost", 100, lab.Faults{})); !errors.Is(err, lab.ErrOutcomeUnknown) {
 			t.Fatalf("first: %v, want an unknown outcome", err)
 		}
-		if st, _ := s.Lookup(ctx, attempt("k-lost", 100, lab.Faults{}).Scope); st != lab.KeyInFlight {
-			t.Fatalf("state %s, want the key kept", st)
+		if k, _ := s.Lookup(ctx, attempt("k-lost", 100, lab.Faults{}).Scope); k.State != lab.KeyInFlight {
+			t.Fatalf("state %s, want the key kept", k.State)
 		}
 		if _, err := s.Charge(ctx, attempt("k-lost", 999, lab.Faults{})); !errors.Is(err, lab.ErrKeyReused) {
 			t.Fatalf("another request on the unsettled key: %v", err)
