@@ -2,11 +2,13 @@ package web_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -74,6 +76,48 @@ func browser(t *testing.T) (context.Context, func() []string) {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.Clone(problems)
+	}
+}
+
+// shots saves the page as it is now, at desktop and at phone width, as PNGs
+// under the temp dir (lab-page-screenshots/) and logs their paths. At
+// phone width the page must not scroll sideways: wide tables scroll in
+// their own box.
+func shots(ctx context.Context, t *testing.T, name string) {
+	t.Helper()
+	dir := filepath.Join(os.TempDir(), "lab-page-screenshots")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, size := range []struct {
+		name          string
+		width, height int64
+		opts          []chromedp.EmulateViewportOption
+	}{
+		{"desktop", 1280, 900, nil},
+		{"phone", 390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateMobile, chromedp.EmulateScale(2)}},
+	} {
+		if err := chromedp.Do(ctx, chromedp.EmulateViewport(size.width, size.height, size.opts...),
+			chromedp.Evaluate[chromedp.Void](`void window.dispatchEvent(new Event("resize"))`)); err != nil {
+			t.Fatal(err)
+		}
+		if size.name == "phone" {
+			if w, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`)); err != nil || len(w) != 2 || w[0] > w[1] {
+				t.Errorf("%s at phone width: the page is %v wide, the screen %v (%v)", name, w[0:1], w[1:], err)
+			}
+		}
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, name+"-"+size.name+".png")
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", path)
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateReset()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -227,16 +271,27 @@ func TestPageShowsTheRace(t *testing.T) {
 		Charges string `json:"charges"`
 		Run     string `json:"run"`
 		Rows    int    `json:"rows"` // the ledger rows listed under the lanes
+		// The server's phases drawn inside the bars.
+		Claims, ChargeMarks, Commits, Replays int
 	}
 	runs, err := chromedp.Run(ctx, chromedp.Evaluate[[]shown](`[...document.querySelectorAll(".pair .run")].map(r => ({
 		lanes: r.querySelectorAll("g.lane").length, charges: r.querySelector(".ledger").dataset.charges, run: r.querySelector(".ledger").dataset.run,
-		rows: r.querySelectorAll("table.rows tbody tr").length}))`))
+		rows: r.querySelectorAll("table.rows tbody tr").length, Claims: r.querySelectorAll("g.phase.claim").length,
+		ChargeMarks: r.querySelectorAll("g.phase.charge").length, Commits: r.querySelectorAll("g.phase.commit").length,
+		Replays: r.querySelectorAll("g.phase.replay").length}))`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(runs) != 2 || runs[0].Lanes != 5 || runs[1].Lanes != 5 || runs[0].Charges != "5" || runs[1].Charges != "1" || runs[0].Rows != 5 || runs[1].Rows != 1 {
 		t.Fatalf("side by side: %+v; want 5 lanes each, 5 and 1 charges", runs)
 	}
+	// unsafe charges five times and stores nothing; postgres claims, charges
+	// and commits once, and the four others replay what it stored.
+	if u, p := runs[0], runs[1]; u.ChargeMarks != 5 || u.Claims+u.Commits+u.Replays != 0 ||
+		p.Claims != 1 || p.ChargeMarks != 1 || p.Commits != 1 || p.Replays != 4 {
+		t.Errorf("phase marks: unsafe %+v, postgres %+v", u, p)
+	}
+	shots(ctx, t, "race")
 	for _, r := range runs {
 		s, err := a.Books().RunStats(context.Background(), r.Run)
 		if err != nil || fmt.Sprint(s.Charges) != r.Charges {
@@ -269,6 +324,17 @@ func TestPageShowsTheRace(t *testing.T) {
 	if state, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#keyOut [data-state]")?.dataset.state`)); err != nil || state != lab.KeyCompleted {
 		t.Fatalf("key inspector: %q %v", state, err)
 	}
+	// ...and shows the response it stored, as the API gives it.
+	stored := labtest.Decode[struct {
+		Response lab.Charge `json:"response"`
+	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/idempotency/state?store=postgres&key=page-race-1", nil, "")).Response
+	var onPage lab.Charge
+	if text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#keyOut pre.stored")?.textContent ?? ""`)); err != nil || json.Unmarshal([]byte(text), &onPage) != nil {
+		t.Fatalf("no stored response in the key inspector: %q %v", text, err)
+	}
+	if onPage.ID == "" || onPage != stored {
+		t.Errorf("key inspector shows %+v, the store holds %+v", onPage, stored)
+	}
 	// A bad parameter is shown next to its control, and the old result is gone.
 	fire(chromedp.SetValue(chromedp.ID("compare"), ""), chromedp.SetValue(chromedp.ID("key"), strings.Repeat("k", 300)))
 	if msg, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#key + .fielderror")?.textContent`)); err != nil || !strings.Contains(msg, "key") {
@@ -286,12 +352,13 @@ func TestPageShowsTheRace(t *testing.T) {
 		t.Fatalf("no redis result: %v", err)
 	}
 	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`[Number(document.querySelector("#result rect.ttl").dataset.end),
-		Math.min(...[...document.querySelectorAll("#result rect.try.charged")].map(r => Number(r.dataset.end)))]`))
+		Math.min(...[...document.querySelectorAll("#result g.phase.commit")].map(g => Number(g.dataset.at))),
+		Math.min(...[...document.querySelectorAll("#result g.phase.claim")].map(g => Number(g.dataset.at)))]`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bars) != 2 || bars[0] != 100 || !(bars[0] < bars[1]) {
-		t.Fatalf("TTL bar ends at %v, the first charge commits at %v: want the TTL over first", bars[0], bars[1])
+	if len(bars) != 3 || bars[0] != 100 || !(bars[0] < bars[1]) || !(bars[2] < bars[0]) {
+		t.Fatalf("TTL bar ends at %v, the first commit at %v, the first claim at %v: want claim, TTL over, then commit", bars[0], bars[1], bars[2])
 	}
 	// Every run of the session can be opened again: the side-by-side one.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#history li:last-child button`))); err != nil {
@@ -308,8 +375,13 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 	mstep, mcancel := context.WithTimeout(ctx, 120*time.Second)
 	defer mcancel()
-	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`document.querySelectorAll("#matrixOut td[data-case]").length > 0`)); err != nil {
-		t.Fatalf("the matrix never showed: %v", err)
+	// Progress while it runs: some cells decided, some still pending.
+	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`(() => { const p = document.querySelector("#matrixProgress progress");
+		return !!p && p.value > 0 && p.value < p.max && document.querySelectorAll("#matrixOut td[data-pending]").length === p.max - p.value })()`)); err != nil {
+		t.Fatalf("no progress while the matrix ran: %v", err)
+	}
+	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`/real runs in/.test(document.querySelector("#matrixProgress")?.textContent)`)); err != nil {
+		t.Fatalf("the matrix never finished on the page: %v", err)
 	}
 	type cell struct {
 		Case    string `json:"case"`
@@ -358,6 +430,7 @@ func TestPageShowsTheRace(t *testing.T) {
 		t.Fatalf("the replicas cell did not open its 9 lanes over 3 replicas: %v", err)
 	}
 
+	shots(ctx, t, "matrix")
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("token"), "admin-token-page"),
 		chromedp.Evaluate[chromedp.Void](`void document.getElementById("token").dispatchEvent(new Event("change"))`),
 		chromedp.Click(chromedp.ID("reset"))); err != nil {
