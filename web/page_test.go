@@ -400,17 +400,19 @@ func TestPageShowsTheRace(t *testing.T) {
 				Name string `json:"name"`
 			} `json:"case"`
 			Cells []struct {
-				Store     string `json:"store"`
-				Available bool   `json:"available"`
-				Verdict   string `json:"verdict"`
+				Store       string `json:"store"`
+				Available   bool   `json:"available"`
+				Verdict     string `json:"verdict"`
+				Explanation string `json:"explanation"`
 			} `json:"cells"`
 		} `json:"rows"`
 	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/matrix", nil, ""))
-	want := map[string]string{}
+	want, why := map[string]string{}, map[string]string{}
 	for _, row := range m.Rows {
 		for _, c := range row.Cells {
 			if c.Available {
 				want[row.Case.Name+"/"+c.Store] = c.Verdict
+				why[row.Case.Name+"/"+c.Store] = c.Explanation
 			}
 		}
 	}
@@ -420,6 +422,11 @@ func TestPageShowsTheRace(t *testing.T) {
 	for _, c := range cells {
 		if w := want[c.Case+"/"+c.Store]; c.Verdict != w || c.Why == "" {
 			t.Errorf("cell %s/%s: %s (%q), the API says %s", c.Case, c.Store, c.Verdict, c.Why, w)
+		}
+		// The reason is written from the run's evidence: the same outcome
+		// gives the same words.
+		if w := why[c.Case+"/"+c.Store]; c.Why != w {
+			t.Errorf("cell %s/%s reads %q, the API's run %q", c.Case, c.Store, c.Why, w)
 		}
 	}
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#matrixOut td[data-case="replicas"][data-store="memory"]`))); err != nil {
@@ -445,11 +452,10 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 }
 
-// TestPageMatrixBehindABasePathWithoutFaults: behind /16 and with faults
-// off, a plain run from the page works (no 403) and the fault control only
-// offers none; the matrix, with faults on, shows every cell's verdict and
-// reason as the API gives them, and a cell opens its run.
-func TestPageMatrixBehindABasePathWithoutFaults(t *testing.T) {
+// TestPageBehindABasePathWithoutFaults: behind /16 and with faults off, a
+// plain run from the page works (no 403), the fault control only offers
+// none, and the matrix (which injects faults) is offered disabled, saying why.
+func TestPageBehindABasePathWithoutFaults(t *testing.T) {
 	url, schema := labtest.Postgres(t)
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
@@ -477,6 +483,9 @@ func TestPageMatrixBehindABasePathWithoutFaults(t *testing.T) {
 	}
 	if msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#result .error")?.textContent ?? ""`)); msg != "" {
 		t.Fatalf("a plain run with faults off: %s", msg)
+	}
+	if off, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("matrix").disabled ? document.getElementById("matrixOut").textContent : ""`)); err != nil || !strings.Contains(off, "faults") {
+		t.Errorf("with faults off the matrix button should be disabled, saying why: %q %v", off, err)
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page had problems: %v", p)
