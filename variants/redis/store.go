@@ -74,12 +74,48 @@ func New(cfg Config) (*Store, error) {
 // Name is the store's name.
 func (s *Store) Name() lab.StoreName { return Name }
 
-// record is the completed value cached under a key.
+// record is the completed response cached under a key.
 type record struct {
 	Fingerprint string    `json:"fingerprint"`
 	Status      int       `json:"status"`
 	Body        []byte    `json:"body"`
 	CreatedAt   time.Time `json:"created_at"`
+}
+
+// A completed key holds "done|<fingerprint>|<status>|<created unix ms>|"
+// followed by the response body as it was sent: a replay reads it with
+// no JSON or base64 decoding. (Records written as JSON by earlier versions
+// are still read.)
+const donePrefix = "done|"
+
+func (r record) value() string {
+	var b strings.Builder
+	b.Grow(len(donePrefix) + len(r.Fingerprint) + 24 + len(r.Body))
+	b.WriteString(donePrefix)
+	b.WriteString(r.Fingerprint)
+	b.WriteByte('|')
+	b.WriteString(strconv.Itoa(r.Status))
+	b.WriteByte('|')
+	b.WriteString(strconv.FormatInt(r.CreatedAt.UnixMilli(), 10))
+	b.WriteByte('|')
+	b.Write(r.Body)
+	return b.String()
+}
+
+func parseDone(v string) (record, error) {
+	parts := strings.SplitN(v, "|", 4) // fingerprint, status, created at, body (which may hold '|')
+	if len(parts) != 4 {
+		return record{}, fmt.Errorf("error decoding record: %d fields", len(parts))
+	}
+	status, err := strconv.Atoi(parts[1])
+	if err != nil {
+		return record{}, fmt.Errorf("error decoding record status: %w", err)
+	}
+	ms, err := strconv.ParseInt(parts[2], 10, 64)
+	if err != nil {
+		return record{}, fmt.Errorf("error decoding record time: %w", err)
+	}
+	return record{Fingerprint: parts[0], Status: status, CreatedAt: time.UnixMilli(ms).UTC(), Body: []byte(parts[3])}, nil
 }
 
 // A claim's value names its owner, the request it is for, when it was taken
@@ -118,7 +154,13 @@ func decode(v string) (decoded, error) {
 		return d, nil
 	}
 	var r record
-	if err := json.Unmarshal([]byte(v), &r); err != nil {
+	var err error
+	if rest, ok := strings.CutPrefix(v, donePrefix); ok {
+		r, err = parseDone(rest)
+	} else {
+		err = json.Unmarshal([]byte(v), &r)
+	}
+	if err != nil {
 		return decoded{}, fmt.Errorf("error decoding record: %w", err)
 	}
 	return decoded{state: lab.KeyCompleted, fingerprint: r.Fingerprint, rec: r}, nil
@@ -177,20 +219,16 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	for {
 		a.ChargeID = lab.NewChargeID()
 		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now(), a.ChargeID)
-		won, err := s.client.SetNX(ctx, k, claim, ttl).Result()
-		if err != nil {
-			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
-		}
-		if won {
-			s.listClaim(ctx, a.Scope, k)
-			return s.perform(ctx, k, claim, a, false)
-		}
-		v, err := s.client.Get(ctx, k).Result()
+		// Claim or read in one round trip: SET NX GET sets the claim when
+		// the key is absent (answering nil) and otherwise changes nothing
+		// and answers what the key holds, so a replay costs one command.
+		v, err := s.client.SetArgs(ctx, k, claim, goredis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
 		switch {
 		case errors.Is(err, goredis.Nil):
-			continue // the claim expired or was released: compete again
+			s.listClaim(ctx, a.Scope, k)
+			return s.perform(ctx, k, claim, a, false)
 		case err != nil:
-			return lab.Outcome{}, fmt.Errorf("%w: redis read failed: %w", lab.ErrStoreUnavailable, err)
+			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
 		}
 		d, err := decode(v)
 		if err != nil {
@@ -257,12 +295,12 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 		return lab.Outcome{}, lab.ErrCrash // charged in the ledger; Redis never hears of it
 	}
 	retention := a.Faults.RetentionOr(s.window)
-	rec, _ := json.Marshal(record{Fingerprint: a.Fingerprint, Status: resp.Status, Body: resp.Body, CreatedAt: s.now().UTC()})
+	rec := record{Fingerprint: a.Fingerprint, Status: resp.Status, Body: resp.Body, CreatedAt: s.now().UTC()}.value()
 	// If the claim expired mid-work the record is not written: the charge
 	// stands, and whoever holds the key now may charge again. That is the
 	// lesson of a lock TTL shorter than the work.
 	// The charge happened: record it even if the client has gone.
-	if err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, string(rec), retention.Milliseconds()).Err(); err != nil {
+	if err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, rec, retention.Milliseconds()).Err(); err != nil {
 		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %w", lab.ErrStoreUnavailable, err)
 	}
 	return lab.Outcome{Response: resp}, nil
