@@ -40,9 +40,17 @@ func (b *Books) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) {
 	return c, err
 }
 
+// Querier runs statements inside a transaction: a pgx.Tx, or a connection
+// on which the caller began one itself (to send BEGIN with its first
+// statements in one round trip).
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
 // ApplyTx inserts the ledger entry, and the outbox event when given, in tx:
 // a store that decides in PostgreSQL charges inside its own transaction.
-func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
+func ApplyTx(ctx context.Context, tx Querier, a lab.Apply) (lab.Charge, error) {
 	e := a.Entry
 	var fence *int64
 	if e.FenceToken != 0 {
@@ -73,17 +81,6 @@ func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 		}
 		return lab.Charge{}, &lab.OrderConflictError{OrderID: e.OrderID, ChargeID: existing}
 	}
-	// One statement moves the balance and records it on the charge.
-	var balance int64
-	if err := tx.QueryRow(ctx, `
-		WITH b AS (
-			INSERT INTO account_balances AS ab (tenant_id, account, balance_cents) VALUES ($1, $2, $3)
-			ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = ab.balance_cents + EXCLUDED.balance_cents
-			RETURNING balance_cents)
-		UPDATE charges SET balance_after_cents = b.balance_cents FROM b WHERE charges.id = $4
-		RETURNING b.balance_cents`, e.Tenant, e.Account, e.AmountCents, e.ChargeID).Scan(&balance); err != nil {
-		return lab.Charge{}, fmt.Errorf("error updating balance: %w", err)
-	}
 	if ev := a.Event; ev != nil {
 		if a.FailOutbox {
 			return lab.Charge{}, lab.ErrOutboxWrite
@@ -95,6 +92,19 @@ func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 			return lab.Charge{}, fmt.Errorf("error inserting outbox event: %w", err)
 		}
 	}
+	// The balance last, in one statement that also records it on the
+	// charge: its row lock, on which one account's charges queue, is held
+	// only from here to the commit.
+	var balance int64
+	if err := tx.QueryRow(ctx, `
+		WITH b AS (
+			INSERT INTO account_balances AS ab (tenant_id, account, balance_cents) VALUES ($1, $2, $3)
+			ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = ab.balance_cents + EXCLUDED.balance_cents
+			RETURNING balance_cents)
+		UPDATE charges SET balance_after_cents = b.balance_cents FROM b WHERE charges.id = $4
+		RETURNING b.balance_cents`, e.Tenant, e.Account, e.AmountCents, e.ChargeID).Scan(&balance); err != nil {
+		return lab.Charge{}, fmt.Errorf("error updating balance: %w", err)
+	}
 	return lab.Charge{
 		ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency,
 		OrderID: e.OrderID, BalanceCents: balance, CreatedAt: e.CreatedAt,
@@ -102,7 +112,7 @@ func ApplyTx(ctx context.Context, tx pgx.Tx, a lab.Apply) (lab.Charge, error) {
 }
 
 // chargeByID reads one applied charge.
-func chargeByID(ctx context.Context, tx pgx.Tx, id string) (lab.Charge, bool, error) {
+func chargeByID(ctx context.Context, tx Querier, id string) (lab.Charge, bool, error) {
 	var c lab.Charge
 	var order *string
 	err := tx.QueryRow(ctx, `SELECT id, account, amount_cents, currency, order_id, balance_after_cents, created_at FROM charges WHERE id = $1`, id).

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -126,6 +127,9 @@ func (s *Store) Name() lab.StoreName { return Name }
 // Charge runs the attempt in one transaction. A dropped connection before
 // the outcome is known is retried: the key makes the retry safe.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	if out, ok, err := s.replayFast(ctx, a); ok || err != nil {
+		return out, err
+	}
 	var (
 		out lab.Outcome
 		err error
@@ -137,6 +141,37 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		}
 	}
 	return out, err
+}
+
+// replayFast answers a retry of a completed, unexpired key with the same
+// fingerprint from one statement, outside any transaction: the most common
+// request of an idempotent API in one round trip. Anything else (absent, in
+// flight, expired, another fingerprint, or an error) is left to the
+// transaction, which decides it as before. It takes no namespace slot: it
+// holds a connection for one statement and never waits on a lock. Only a
+// pool that stays exhausted for the bounded wait is an error here.
+func (s *Store) replayFast(ctx context.Context, a lab.Attempt) (lab.Outcome, bool, error) {
+	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
+	defer cancel()
+	conn, err := s.pool.Acquire(acquireCtx)
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return lab.Outcome{}, false, fmt.Errorf("%w: no PostgreSQL connection of this replica could be had within %s (all busy, or a new one took longer)", lab.ErrStoreUnavailable, s.wait)
+		}
+		return lab.Outcome{}, false, nil // the transaction tries again, and says what failed
+	}
+	defer conn.Release()
+	var status int
+	var body []byte
+	err = conn.QueryRow(ctx, s.q(`
+		SELECT response_status, response_body FROM idempotency_requests
+		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+		  AND state = 'completed' AND request_fingerprint = $4 AND expires_at > $5 AND response_status IS NOT NULL`),
+		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, a.Fingerprint, s.now()).Scan(&status, &body)
+	if err != nil {
+		return lab.Outcome{}, false, nil
+	}
+	return lab.Outcome{Response: lab.Response{Status: status, Body: body}, Replayed: true}, true, nil
 }
 
 func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err error) {
@@ -166,21 +201,21 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 	}
 	defer conn.Release()
 	defer s.serving(ns, conn.Conn().PgConn().PID())()
-	// READ COMMITTED whatever the server's default: after waiting for a twin,
-	// the claim must see the row the twin committed.
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return out, fmt.Errorf("error beginning transaction: %w", err)
-	}
 	// Rolls back on every early return, injected crashes included, as the
-	// server would on a dead session.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
+	// server would on a dead session. (A connection released inside a
+	// transaction would be closed by the pool.)
+	committed := false
+	defer func() {
+		if !committed {
+			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	// BEGIN, the lock timeout and the claim go in one round trip. READ
+	// COMMITTED whatever the server's default: after waiting for a twin, the
+	// claim must see the row the twin committed.
 	lockWait := max(s.wait-time.Since(start), time.Millisecond)
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", lockWait.Milliseconds())); err != nil {
-		return out, fmt.Errorf("error setting lock_timeout: %w", err)
-	}
-	claimed, row, err := s.claim(ctx, tx, a, s.now(), retention)
+	now := s.now()
+	claimed, row, err := s.claim(ctx, conn, a, now, retention, strconv.FormatInt(lockWait.Milliseconds(), 10))
 	switch {
 	case isLockTimeout(err):
 		return out, &lab.InProgressError{RetryAfter: time.Second}
@@ -198,7 +233,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, err
 	}
 	entry := lab.NewEntry(a, s.now())
-	c, err := pgdb.ApplyTx(ctx, tx, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry, a.Faults), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
+	c, err := pgdb.ApplyTx(ctx, conn, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry, a.Faults), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
 	var resp lab.Response
 	var oc *lab.OrderConflictError
 	switch {
@@ -214,14 +249,29 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		lab.Mark(ctx, lab.PhaseCharge)
 		resp = lab.ChargeResponse(c)
 	}
-	if _, err := tx.Exec(ctx, s.q(`
+	// The response and the commit in one round trip.
+	b := &pgx.Batch{}
+	b.Queue(s.q(`
 		UPDATE idempotency_requests SET state = 'completed', response_status = $4, response_body = $5, resource_id = $6
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
-		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, resp.Status, resp.Body, c.ID); err != nil {
+		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, resp.Status, resp.Body, c.ID)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	if err != nil {
+		_ = br.Close()
 		return out, fmt.Errorf("error storing response: %w", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		return out, fmt.Errorf("error committing charge: %w", err)
+	}
+	committed = true
+	if tag.String() != "COMMIT" { // COMMIT of an aborted transaction answers ROLLBACK
+		return out, fmt.Errorf("error committing charge: the transaction was rolled back (%s)", tag)
 	}
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
 		return out, lab.ErrCrash // committed; the response is lost on the way
@@ -237,7 +287,7 @@ type keyRow struct {
 	expired            bool
 }
 
-func (s *Store) readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope, now time.Time) (keyRow, error) {
+func (s *Store) readKey(ctx context.Context, tx pgdb.Querier, sc lab.Scope, now time.Time) (keyRow, error) {
 	var k keyRow
 	err := tx.QueryRow(ctx, s.q(`
 		SELECT request_fingerprint, state, response_status, response_body, expires_at <= $4
@@ -252,14 +302,20 @@ func (s *Store) readKey(ctx context.Context, tx pgx.Tx, sc lab.Scope, now time.T
 // behind each other. A row past its retention is taken over by a
 // conditional UPDATE, which re-checks the expiry after any concurrent
 // take-over commits.
-func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, now time.Time, retention time.Duration) (bool, keyRow, error) {
+func (s *Store) claim(ctx context.Context, tx *pgxpool.Conn, a lab.Attempt, now time.Time, retention time.Duration, lockTimeoutMS string) (bool, keyRow, error) {
 	sc := a.Scope
 	for try := 0; try < 3; try++ {
-		err := tx.QueryRow(ctx, s.q(`
+		insert := s.q(`
 			INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, created_at, expires_at)
 			VALUES ($1, $2, $3, $4, 'in_flight', $6::timestamptz, $6::timestamptz + make_interval(secs => $5))
 			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
-			RETURNING true`), sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
+			RETURNING true`)
+		var err error
+		if try == 0 {
+			err = begin(ctx, tx, lockTimeoutMS, insert, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now)
+		} else {
+			err = tx.QueryRow(ctx, insert, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
+		}
 		if err == nil {
 			return true, keyRow{}, nil
 		}
@@ -295,6 +351,29 @@ func (s *Store) claim(ctx context.Context, tx pgx.Tx, a lab.Attempt, now time.Ti
 		}
 	}
 	return false, keyRow{}, &lab.InProgressError{RetryAfter: time.Second}
+}
+
+// begin sends BEGIN, the transaction's lock timeout and the claim's INSERT
+// in one round trip, and returns the INSERT's answer (pgx.ErrNoRows when
+// the key exists).
+func begin(ctx context.Context, conn *pgxpool.Conn, lockTimeoutMS, insert string, args ...any) error {
+	b := &pgx.Batch{}
+	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
+	b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeoutMS) // SET LOCAL, with a parameter
+	b.Queue(insert, args...)
+	br := conn.SendBatch(ctx, b)
+	_, err := br.Exec()
+	if err != nil {
+		err = fmt.Errorf("error beginning transaction: %w", err)
+	} else if _, err = br.Exec(); err != nil {
+		err = fmt.Errorf("error setting lock_timeout: %w", err)
+	} else {
+		err = br.QueryRow().Scan(new(bool))
+	}
+	if cerr := br.Close(); err == nil && cerr != nil {
+		err = fmt.Errorf("error beginning transaction: %w", cerr)
+	}
+	return err
 }
 
 // replay answers from the committed row: the stored response, or 422.
