@@ -243,6 +243,7 @@ func BenchmarkChargeFreshKeys(b *testing.B) {
 	e := setup(b)
 	s := newStore(b, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
+	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		if _, err := s.Charge(ctx, attempt("acme", fmt.Sprint("fresh-", i), 100, "")); err != nil {
 			b.Fatal(err)
@@ -258,6 +259,7 @@ func BenchmarkChargeReplay(b *testing.B) {
 	if _, err := s.Charge(ctx, attempt("acme", "replayed", 100, "")); err != nil {
 		b.Fatal(err)
 	}
+	b.ReportAllocs()
 	for b.Loop() {
 		if out, err := s.Charge(ctx, attempt("acme", "replayed", 100, "")); err != nil || !out.Replayed {
 			b.Fatal(err)

@@ -48,7 +48,7 @@ func eachServer(t *testing.T, test func(t *testing.T, url string)) {
 	}
 }
 
-func newStore(t *testing.T, url string, books lab.Ledger) *redis.Store {
+func newStore(t testing.TB, url string, books lab.Ledger) *redis.Store {
 	t.Helper()
 	opts, err := goredis.ParseURL(url)
 	if err != nil {
@@ -301,4 +301,56 @@ func TestKeysComeFromTheListing(t *testing.T) {
 			t.Fatalf("every namespace: %d keys, want acme's 30", total)
 		}
 	})
+}
+
+// nopLedger answers every charge without keeping it, so a benchmark
+// measures the store's own work.
+type nopLedger struct{}
+
+func (nopLedger) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
+	e := a.Entry
+	return lab.Charge{ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency, BalanceCents: e.AmountCents, CreatedAt: e.CreatedAt}, nil
+}
+
+// benchServer is the real Redis when REDIS_URL is set, else the embedded one.
+func benchServer(b *testing.B) string {
+	if os.Getenv("REDIS_URL") != "" {
+		url, _ := labtest.Redis(b)
+		return url
+	}
+	e, err := redisdb.StartEmbedded()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(e.Close)
+	return e.URL()
+}
+
+// BenchmarkClaim: a fresh key claimed, charged (on a ledger that keeps
+// nothing) and its response stored.
+func BenchmarkClaim(b *testing.B) {
+	s := newStore(b, benchServer(b), nopLedger{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := s.Charge(ctx, attempt(fmt.Sprint("fresh-", i), 2500, lab.Faults{})); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReplay: a retry answered from the stored response, one command.
+func BenchmarkReplay(b *testing.B) {
+	s := newStore(b, benchServer(b), nopLedger{})
+	ctx := context.Background()
+	a := attempt("replayed", 2500, lab.Faults{})
+	if _, err := s.Charge(ctx, a); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if out, err := s.Charge(ctx, a); err != nil || !out.Replayed {
+			b.Fatal(out, err)
+		}
+	}
 }
