@@ -5,8 +5,10 @@ package memory
 import (
 	"cmp"
 	"container/heap"
-	"container/list"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -24,6 +26,9 @@ type Store struct {
 	window time.Duration // how long completed keys are kept
 	wait   time.Duration // bound on waiting for an in-flight twin
 	now    lab.Clock
+	// epoch is the clock's reading when the store opened: entries keep
+	// their times as offsets from it (see Store.at).
+	epoch time.Time
 
 	mu sync.Mutex
 	// parts holds each namespace's keys apart, so a crash or a restart
@@ -32,26 +37,55 @@ type Store struct {
 	expiry expiryHeap // every part's completed entries; stale ones are skipped
 }
 
-// part is one namespace's keys, and the order they were claimed in, so
-// listing the newest costs what is listed, not what is held.
+// part is one namespace's keys, in the order they were claimed, so listing
+// the newest costs what is listed, not what is held.
 type part struct {
-	entries map[string]*entry
-	order   list.List // of *entry, oldest claim first
+	entries map[string]*entry // by id
+	// oldest and newest end the claim order, a list linked through the
+	// entries themselves: no list element per key.
+	oldest, newest *entry
+	// inFlight holds the entries whose owner still works, so a crash or
+	// the oldest-in-flight gauge looks at those and not at every key.
+	inFlight map[*entry]struct{}
 }
 
+// entry is one key. A retained key costs this struct, its id and its
+// response body, so it holds nothing it can derive: the scope is decoded
+// from the id, the fingerprint kept as bytes, times as offsets, and what
+// only a claim needs is dropped when it completes. It takes 128 bytes, a
+// size class of the allocator: one more word would cost 16 more per key.
 type entry struct {
-	scope       lab.Scope
-	fingerprint string
-	done        chan struct{} // closed when the first request completes or gives up
-	resp        *lab.Response // set before done is closed when completed
-	crashed     bool          // set before done is closed when the replica crashed
-	unknown     bool          // set before done is closed when the charge's outcome is unknown
-	chargeID    string        // the charge this key may apply; kept across an unknown outcome
-	inherited   bool          // chargeID came from an unsettled entry: never give it up
-	createdAt   time.Time
-	expiresAt   time.Time
-	elem        *list.Element // in its part's order
+	id          string // the scope as appendScopeID encodes it: the map key, and the only copy kept
+	fingerprint [sha256.Size]byte
+	body        []byte // the stored response's, once completed: replays share it
+	claim       *claim // while in flight or unsettled; nil once completed
+	createdAt   int64  // offsets on the store's clock, see Store.at
+	expiresAt   int64  // set once completed or unsettled
+	prev, next  *entry // in the part's claim order, oldest first
+	status      int    // the stored response's, once completed
+	state       keyState
 }
+
+// claim is what an entry needs only until it completes.
+type claim struct {
+	// done is closed when the owner completes, gives up, or dies in a
+	// crash. Waiters take it from the entry under the lock (see
+	// Store.claim); it is dropped with the claim.
+	done     chan struct{}
+	chargeID string // the charge this key may apply; kept across an unknown outcome
+	// inherited: chargeID came from an unsettled entry: never give it up.
+	inherited bool
+}
+
+// keyState is where an entry stands.
+type keyState uint8
+
+const (
+	inFlight  keyState = iota // claimed: its owner works
+	completed                 // body and status hold the response
+	unsettled                 // the charge's outcome is unknown: a retry of the same request retries its charge id
+	crashed                   // the replica crashed under its owner; no longer in any part
+)
 
 // Config configures a memory Store; every field is required.
 type Config struct {
@@ -69,54 +103,164 @@ func New(cfg Config) (*Store, error) {
 	case cfg.Window <= 0 || cfg.Wait <= 0:
 		return nil, fmt.Errorf("memory: window and wait must be positive (got %s, %s)", cfg.Window, cfg.Wait)
 	}
-	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, parts: map[lab.Namespace]*part{}}, nil
+	return &Store{ledger: cfg.Ledger, window: cfg.Window, wait: cfg.Wait, now: cfg.Now, epoch: cfg.Now(),
+		parts: map[lab.Namespace]*part{}}, nil
 }
 
-// getLocked finds the entry of a scope.
-func (s *Store) getLocked(sc lab.Scope) (*entry, bool) {
+// at is t as an entry keeps it: 8 bytes where a time.Time takes 24. An
+// offset from the store's epoch, not Unix nanoseconds, so that a clock with
+// a monotonic reading (time.Now) is compared by it, as time.Time compares.
+func (s *Store) at(t time.Time) int64 { return int64(t.Sub(s.epoch)) }
+
+// timeAt is the instant at stands for.
+func (s *Store) timeAt(at int64) time.Time { return s.epoch.Add(time.Duration(at)) }
+
+// appendScopeID appends the id of a scope: the tenant and the endpoint,
+// each after its length, then the key. Lengths rather than separators, so
+// that no two scopes share an id whatever bytes they hold.
+func appendScopeID(b []byte, sc lab.Scope) []byte {
+	b = binary.AppendUvarint(b, uint64(len(sc.Tenant)))
+	b = append(b, sc.Tenant...)
+	b = binary.AppendUvarint(b, uint64(len(sc.Endpoint)))
+	b = append(b, sc.Endpoint...)
+	return append(b, sc.Key...)
+}
+
+// scope decodes the entry's id.
+func (e *entry) scope() lab.Scope {
+	tenant, rest := cutField(e.id)
+	endpoint, key := cutField(rest)
+	return lab.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
+}
+
+// namespace is the namespace of the entry's tenant.
+func (e *entry) namespace() lab.Namespace {
+	tenant, _ := cutField(e.id)
+	return lab.NamespaceOf(tenant)
+}
+
+// cutField splits a field appendScopeID wrote, its length first, from what
+// follows it.
+func cutField(s string) (field, rest string) {
+	n, w := binary.Uvarint([]byte(s[:min(len(s), binary.MaxVarintLen64)]))
+	end := w + int(n)
+	return s[w:end], s[end:]
+}
+
+// fingerprintOf is the fingerprint an entry keeps: the bytes of the hex
+// SHA-256 that lab.ChargeRequest.Fingerprint gives. Any other string is
+// hashed instead, so that equal fingerprints still compare equal and
+// different ones differ (only Lookup then shows the hash, not the string).
+func fingerprintOf(s string) [sha256.Size]byte {
+	var fp [sha256.Size]byte
+	if len(s) != hex.EncodedLen(len(fp)) {
+		return sha256.Sum256([]byte(s))
+	}
+	for i := range fp {
+		hi, lo := lowerHex(s[2*i]), lowerHex(s[2*i+1])
+		if hi > 0xf || lo > 0xf { // upper case too: "AB…" must not equal "ab…"
+			return sha256.Sum256([]byte(s))
+		}
+		fp[i] = hi<<4 | lo
+	}
+	return fp
+}
+
+// lowerHex is the value of a lower-case hex digit, 0xff for anything else.
+func lowerHex(c byte) byte {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0'
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10
+	}
+	return 0xff
+}
+
+// response is what a completed entry answers.
+func (e *entry) response() lab.Response { return lab.Response{Status: e.status, Body: e.body} }
+
+// getLocked finds the entry of a scope, and its namespace's part.
+func (s *Store) getLocked(sc lab.Scope) (*entry, *part) {
 	p := s.parts[lab.NamespaceOf(sc.Tenant)]
 	if p == nil {
-		return nil, false
+		return nil, nil
 	}
-	e, ok := p.entries[sc.String()]
-	return e, ok
+	var buf [128]byte // most ids fit: looking one up allocates nothing
+	return p.entries[string(appendScopeID(buf[:0], sc))], p
 }
 
-// putLocked stores e under its scope, in place of any entry it had.
-func (s *Store) putLocked(e *entry) {
-	ns := lab.NamespaceOf(e.scope.Tenant)
-	p := s.parts[ns]
+// putLocked stores e in the namespace's part, in place of old (nil when
+// the scope had no entry).
+func (s *Store) putLocked(ns lab.Namespace, p *part, old, e *entry) {
 	if p == nil {
-		p = &part{entries: map[string]*entry{}}
+		p = &part{entries: map[string]*entry{}, inFlight: map[*entry]struct{}{}}
 		s.parts[ns] = p
 	}
-	k := e.scope.String()
-	if old, ok := p.entries[k]; ok {
-		p.order.Remove(old.elem)
+	if old != nil {
+		p.unlink(old)
 	}
-	p.entries[k] = e
-	e.elem = p.order.PushBack(e)
+	p.entries[e.id] = e
+	p.inFlight[e] = struct{}{}
+	e.prev, e.next = p.newest, nil
+	if p.newest != nil {
+		p.newest.next = e
+	} else {
+		p.oldest = e
+	}
+	p.newest = e
 }
 
-// holdsLocked reports whether e is still the entry of its scope (not
-// replaced, evicted or forgotten by a crash or restart).
-func (s *Store) holdsLocked(e *entry) bool {
-	cur, ok := s.getLocked(e.scope)
-	return ok && cur == e
+// unlink takes e out of the claim order and the in-flight set.
+func (p *part) unlink(e *entry) {
+	if e.prev != nil {
+		e.prev.next = e.next
+	} else {
+		p.oldest = e.next
+	}
+	if e.next != nil {
+		e.next.prev = e.prev
+	} else {
+		p.newest = e.prev
+	}
+	e.prev, e.next = nil, nil
+	delete(p.inFlight, e)
+}
+
+// heldLocked is e's part when e is still the entry of its scope (not
+// replaced, evicted or forgotten by a crash or restart), nil otherwise.
+func (s *Store) heldLocked(e *entry) *part {
+	p := s.parts[e.namespace()]
+	if p == nil || p.entries[e.id] != e {
+		return nil
+	}
+	return p
 }
 
 // deleteLocked forgets e, if it is still the entry of its scope.
 func (s *Store) deleteLocked(e *entry) {
-	if !s.holdsLocked(e) {
+	p := s.heldLocked(e)
+	if p == nil {
 		return
 	}
-	ns := lab.NamespaceOf(e.scope.Tenant)
-	p := s.parts[ns]
-	delete(p.entries, e.scope.String())
-	p.order.Remove(e.elem)
+	delete(p.entries, e.id)
+	p.unlink(e)
 	if len(p.entries) == 0 {
-		delete(s.parts, ns)
+		delete(s.parts, e.namespace())
 	}
+}
+
+// settleLocked records that e's owner no longer works on it: completed or
+// unsettled, e expires on its own.
+func (s *Store) settleLocked(e *entry, state keyState, retention time.Duration) {
+	e.state = state
+	e.expiresAt = s.at(s.now().Add(retention))
+	if p := s.heldLocked(e); p != nil { // not forgotten by a restart meanwhile
+		delete(p.inFlight, e)
+		heap.Push(&s.expiry, e)
+	}
+	close(e.claim.done)
+	e.claim.done = nil
 }
 
 // Name is the store's name.
@@ -124,25 +268,37 @@ func (s *Store) Name() lab.StoreName { return Name }
 
 // Charge claims the key or waits for its twin, then charges at most once per replica.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
-	deadline := time.NewTimer(s.wait)
-	defer deadline.Stop()
-	for {
-		e, claimed := s.claim(a)
-		if claimed {
-			return s.perform(ctx, e, a)
+	fp := fingerprintOf(a.Fingerprint)
+	var deadline *time.Timer // started by the first wait: a first attempt or a replay needs none
+	defer func() {
+		if deadline != nil {
+			deadline.Stop()
 		}
-		if e.fingerprint != a.Fingerprint {
+	}()
+	for {
+		e, done, claimed := s.claim(a, fp)
+		switch {
+		case claimed:
+			return s.perform(ctx, e, a)
+		case e.fingerprint != fp:
 			return lab.Outcome{}, lab.ErrKeyReused
+		case done == nil: // completed: its response never changes
+			return lab.Outcome{Response: e.response(), Replayed: true}, nil
+		}
+		if deadline == nil {
+			deadline = time.NewTimer(s.wait)
 		}
 		select {
-		case <-e.done:
-			if e.crashed {
+		case <-done:
+			// What the owner set before closing done stays: read it.
+			switch e.state {
+			case crashed:
 				return lab.Outcome{}, lab.ErrCrash // the replica died under this request too
+			case completed:
+				return lab.Outcome{Response: e.response(), Replayed: true}, nil
 			}
-			if e.resp != nil {
-				return lab.Outcome{Response: *e.resp, Replayed: true}, nil
-			}
-			// The first request gave up and released the key: compete again.
+			// The first request gave up and released the key, or its
+			// outcome is unknown: compete again.
 		case <-deadline.C:
 			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 		case <-ctx.Done():
@@ -152,27 +308,45 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 }
 
 // claim returns the live entry of the attempt's scope, creating it (claimed=true) when absent
-// or expired, or taking over one whose outcome is unknown with its charge id.
-func (s *Store) claim(a lab.Attempt) (*entry, bool) {
+// or expired, or taking over one whose outcome is unknown with its charge id. When another
+// request holds the entry, done is its claim's channel, read here under the lock because the
+// claim is dropped when it completes; nil when the entry is settled.
+func (s *Store) claim(a lab.Attempt, fp [sha256.Size]byte) (e *entry, done chan struct{}, claimed bool) {
 	now := s.now()
+	at := s.at(now)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.evictLocked(now, 2) // amortised eviction keeps the table bounded without a sweeper
-	e := &entry{scope: a.Scope, fingerprint: a.Fingerprint, done: make(chan struct{}), createdAt: now, chargeID: lab.NewChargeID()}
-	if old, ok := s.getLocked(a.Scope); ok {
+	s.evictLocked(at, 2) // amortised eviction keeps the table bounded without a sweeper
+	old, p := s.getLocked(a.Scope)
+	var unsettledSame *entry // an unsettled entry of the same request, whose charge this claim retries
+	if old != nil {
 		switch {
-		case old.unknown && !now.Before(old.expiresAt):
+		case old.state == unsettled && at >= old.expiresAt:
 			// Unsettled past its retention: forgotten like any expired key.
-		case old.unknown && old.fingerprint == a.Fingerprint:
+		case old.state == unsettled && old.fingerprint == fp:
 			// Retry the same charge: if the lost commit landed, the ledger
 			// returns it instead of charging again.
-			e.chargeID, e.createdAt, e.inherited = old.chargeID, old.createdAt, true
-		case old.resp == nil || now.Before(old.expiresAt):
-			return old, false
+			unsettledSame = old
+		case old.state == inFlight:
+			return old, old.claim.done, false
+		case old.state == unsettled || at < old.expiresAt:
+			return old, nil, false
 		}
 	}
-	s.putLocked(e)
-	return e, true
+	e = &entry{fingerprint: fp, createdAt: at, claim: &claim{done: make(chan struct{})}}
+	if unsettledSame != nil {
+		e.claim.chargeID, e.createdAt, e.claim.inherited = unsettledSame.claim.chargeID, unsettledSame.createdAt, true
+	} else {
+		e.claim.chargeID = lab.NewChargeID()
+	}
+	if old != nil {
+		e.id = old.id // the same scope: share its id
+	} else {
+		var buf [128]byte // built on the stack: the string is the one allocation
+		e.id = string(appendScopeID(buf[:0], a.Scope))
+	}
+	s.putLocked(lab.NamespaceOf(a.Scope.Tenant), p, old, e)
+	return e, nil, true
 }
 
 func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outcome, error) {
@@ -181,9 +355,10 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
-	a.ChargeID = e.chargeID
+	c := e.claim // the owner's until it settles the entry: nobody else changes it
+	a.ChargeID = c.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
-	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && e.inherited {
+	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && c.inherited {
 		// Maybe charged (now, or by the lost commit whose id this entry
 		// carries): keep the key and its charge id for the next attempt.
 		s.settleLater(e, a)
@@ -200,15 +375,12 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 	retention := a.Faults.RetentionOr(s.window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e.crashed { // the replica "died" meanwhile: this request dies with it
+	if e.state == crashed { // the replica "died" meanwhile: this request dies with it
 		return lab.Outcome{}, lab.ErrCrash
 	}
-	e.resp = &resp
-	e.expiresAt = s.now().Add(retention)
-	if s.holdsLocked(e) { // not forgotten by a restart meanwhile
-		heap.Push(&s.expiry, e)
-	}
-	close(e.done)
+	e.body, e.status = resp.Body, resp.Status
+	s.settleLocked(e, completed, retention)
+	e.claim = nil // its charge id and channel are no longer needed
 	return lab.Outcome{Response: resp}, nil
 }
 
@@ -218,8 +390,8 @@ func (s *Store) release(e *entry) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.deleteLocked(e)
-	if !e.crashed {
-		close(e.done)
+	if e.state != crashed { // a crash closed it
+		close(e.claim.done)
 	}
 }
 
@@ -229,15 +401,10 @@ func (s *Store) settleLater(e *entry, a lab.Attempt) {
 	retention := a.Faults.RetentionOr(s.window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if e.crashed {
+	if e.state == crashed {
 		return
 	}
-	e.unknown = true
-	e.expiresAt = s.now().Add(retention) // kept no longer than a completed key
-	if s.holdsLocked(e) {
-		heap.Push(&s.expiry, e)
-	}
-	close(e.done)
+	s.settleLocked(e, unsettled, retention) // kept no longer than a completed key
 }
 
 // crash loses the namespace's keys, as the death of this replica's process
@@ -246,17 +413,17 @@ func (s *Store) settleLater(e *entry, a lab.Attempt) {
 // is not another's.
 func (s *Store) crash(ns lab.Namespace) {
 	s.mu.Lock()
-	var inFlight []*entry
-	for _, e := range s.parts[ns].entriesOrNil() {
-		if e.resp == nil && !e.unknown {
-			e.crashed = true
-			inFlight = append(inFlight, e)
+	var dying []chan struct{}
+	if p := s.parts[ns]; p != nil {
+		for e := range p.inFlight {
+			e.state = crashed
+			dying = append(dying, e.claim.done)
 		}
 	}
 	delete(s.parts, ns)
 	s.mu.Unlock()
-	for _, e := range inFlight {
-		close(e.done)
+	for _, done := range dying {
+		close(done)
 	}
 }
 
@@ -280,15 +447,15 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error { return s.Re
 func (s *Store) Sweep(context.Context) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.evictLocked(s.now(), -1), nil
+	return s.evictLocked(s.at(s.now()), -1), nil
 }
 
 // evictLocked removes up to max expired entries (all when max < 0).
-func (s *Store) evictLocked(now time.Time, max int) int {
+func (s *Store) evictLocked(now int64, max int) int {
 	n := 0
-	for len(s.expiry) > 0 && n != max && !now.Before(s.expiry[0].expiresAt) {
+	for len(s.expiry) > 0 && n != max && now >= s.expiry[0].expiresAt {
 		e := heap.Pop(&s.expiry).(*entry)
-		if s.holdsLocked(e) {
+		if s.heldLocked(e) != nil {
 			s.deleteLocked(e)
 			n++
 		}
@@ -312,25 +479,26 @@ func (s *Store) Lookup(_ context.Context, sc lab.Scope) (lab.KeyState, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	e, ok := s.getLocked(sc)
-	if !ok || ((e.resp != nil || e.unknown) && !now.Before(e.expiresAt)) {
+	e, _ := s.getLocked(sc)
+	if e == nil || e.state != inFlight && s.at(now) >= e.expiresAt {
 		return lab.KeyState{Tenant: sc.Tenant, Key: sc.Key, State: lab.KeyAbsent}, nil
 	}
-	ks := e.state(now)
-	if e.resp != nil {
-		ks.Response = e.resp.Body
+	ks := s.keyState(e, now)
+	if e.state == completed {
+		ks.Response = e.body
 	}
 	return ks, nil
 }
 
-// state is the entry as /idempotency/state shows it; the caller holds s.mu.
-func (e *entry) state(now time.Time) lab.KeyState {
+// keyState is the entry as /idempotency/state shows it; the caller holds s.mu.
+func (s *Store) keyState(e *entry, now time.Time) lab.KeyState {
+	sc, created := e.scope(), s.timeAt(e.createdAt)
 	ks := lab.KeyState{
-		Tenant: e.scope.Tenant, Key: e.scope.Key, State: lab.KeyInFlight, Fingerprint: e.fingerprint,
-		CreatedAt: e.createdAt.UTC(), AgeMS: now.Sub(e.createdAt).Milliseconds(),
+		Tenant: sc.Tenant, Key: sc.Key, State: lab.KeyInFlight, Fingerprint: hex.EncodeToString(e.fingerprint[:]),
+		CreatedAt: created.UTC(), AgeMS: now.Sub(created).Milliseconds(),
 	}
-	if e.resp != nil {
-		ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.resp.Status, e.expiresAt.UTC()
+	if e.state == completed {
+		ks.State, ks.Status, ks.ExpiresAt = lab.KeyCompleted, e.status, s.timeAt(e.expiresAt).UTC()
 	}
 	return ks
 }
@@ -348,8 +516,8 @@ func (s *Store) Keys(_ context.Context, ns lab.Namespace, limit int) ([]lab.KeyS
 			continue
 		}
 		total += len(p.entries)
-		for el, n := p.order.Back(), 0; el != nil && n < limit; el, n = el.Prev(), n+1 {
-			out = append(out, el.Value.(*entry).state(now))
+		for e, n := p.newest, 0; e != nil && n < limit; e, n = e.prev, n+1 {
+			out = append(out, s.keyState(e, now))
 		}
 	}
 	// Each part gave its newest in claim order; across parts (the admin's
@@ -358,23 +526,13 @@ func (s *Store) Keys(_ context.Context, ns lab.Namespace, limit int) ([]lab.KeyS
 	return out[:min(limit, len(out))], total, nil
 }
 
-// entriesOrNil is the part's keys, none for a namespace without a part.
-func (p *part) entriesOrNil() map[string]*entry {
-	if p == nil {
-		return nil
-	}
-	return p.entries
-}
-
 // expiryHeap orders completed entries by expiry.
 type expiryHeap []*entry
 
-func (h expiryHeap) Len() int { return len(h) }
-func (h expiryHeap) Less(i, j int) bool {
-	return cmp.Less(h[i].expiresAt.UnixNano(), h[j].expiresAt.UnixNano())
-}
-func (h expiryHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *expiryHeap) Push(x any)   { *h = append(*h, x.(*entry)) }
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return cmp.Less(h[i].expiresAt, h[j].expiresAt) }
+func (h expiryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *expiryHeap) Push(x any)        { *h = append(*h, x.(*entry)) }
 func (h *expiryHeap) Pop() any {
 	old := *h
 	e := old[len(old)-1]
@@ -388,14 +546,11 @@ func (h *expiryHeap) Pop() any {
 func (s *Store) OldestInFlight(context.Context) (time.Duration, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
+	now := s.at(s.now())
 	var oldest time.Duration
 	for _, p := range s.parts {
-		for el := p.order.Front(); el != nil; el = el.Next() {
-			if e := el.Value.(*entry); e.resp == nil && !e.unknown {
-				oldest = max(oldest, now.Sub(e.createdAt))
-				break // claims are in order: the first in flight is this part's oldest
-			}
+		for e := range p.inFlight {
+			oldest = max(oldest, time.Duration(now-e.createdAt))
 		}
 	}
 	return oldest, nil

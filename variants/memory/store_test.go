@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -305,4 +306,107 @@ func TestKeysListsTheNewestOfANamespace(t *testing.T) {
 	if _, total, _ := s.Keys(ctx, "", 10); total != 50 {
 		t.Fatalf("every namespace: %d keys, want acme's 50", total)
 	}
+}
+
+// TestScopesNeverCollide: scopes whose parts join into the same text are
+// still different keys, and each is reported as it was given.
+func TestScopesNeverCollide(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, memory.Config{})
+	ctx := context.Background()
+	scopes := []lab.Scope{
+		{Tenant: "acme", Endpoint: "POST /x", Key: "y"},
+		{Tenant: "acme", Endpoint: "POST /", Key: "xy"},
+		{Tenant: "acme", Endpoint: "", Key: "POST /xy"},
+		{Tenant: "acme~2", Endpoint: "POST /x", Key: "y"},
+	}
+	for _, sc := range scopes {
+		a := attempt("", 100)
+		a.Scope = sc
+		if out, err := s.Charge(ctx, a); err != nil || out.Replayed {
+			t.Fatalf("%+v: %v replayed=%v, want a charge of its own", sc, err, out.Replayed)
+		}
+	}
+	for _, sc := range scopes {
+		k, err := s.Lookup(ctx, sc)
+		if err != nil || k.State != lab.KeyCompleted || k.Tenant != sc.Tenant || k.Key != sc.Key {
+			t.Fatalf("lookup of %+v: %+v (%v)", sc, k, err)
+		}
+	}
+	if n := s.Len(); n != len(scopes) {
+		t.Fatalf("the store holds %d keys, want %d", n, len(scopes))
+	}
+}
+
+// TestFingerprintsCompareAsStrings: the store keeps a hex fingerprint as
+// bytes, and still tells apart what differs as text (case included) and
+// matches what is equal, hex or not.
+func TestFingerprintsCompareAsStrings(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, memory.Config{})
+	ctx := context.Background()
+	charge := func(key, fp string) error {
+		a := attempt(key, 100)
+		a.Fingerprint = fp
+		_, err := s.Charge(ctx, a)
+		return err
+	}
+	hex := attempt("", 100).Fingerprint
+	for key, second := range map[string]string{"k-case": strings.ToUpper(hex), "k-text": "not hex"} {
+		if err := charge(key, hex); err != nil {
+			t.Fatal(err)
+		}
+		if err := charge(key, second); !errors.Is(err, lab.ErrKeyReused) {
+			t.Fatalf("%s: fingerprint %q after %q: %v, want ErrKeyReused", key, second, hex, err)
+		}
+	}
+	if err := charge("k-opaque", "opaque"); err != nil {
+		t.Fatal(err)
+	}
+	if err := charge("k-opaque", "opaque"); err != nil {
+		t.Fatalf("the same non-hex fingerprint again: %v, want a replay", err)
+	}
+	if k, _ := s.Lookup(ctx, attempt("k-case", 100).Scope); k.Fingerprint != hex {
+		t.Fatalf("lookup shows fingerprint %q, want %q", k.Fingerprint, hex)
+	}
+}
+
+// TestOldestInFlight: the gauge reads the age of the oldest claim whose
+// owner still works; completed and unsettled keys are not in flight.
+func TestOldestInFlight(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		c := labtest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+		failures := new(atomic.Int32)
+		failures.Store(3)
+		s := newStore(t, memory.Config{Now: c.Now, Ledger: labtest.LostCommit{Ledger: inmem.NewBooks(c.Now), Failures: failures}})
+		bg := context.Background()
+		if _, err := s.Charge(bg, attempt("k-unsettled", 100)); !errors.Is(err, lab.ErrOutcomeUnknown) {
+			t.Fatalf("unsettled: %v", err)
+		}
+		ctx, cancel := context.WithCancel(bg)
+		done := make(chan error, 1)
+		go func() {
+			slow := attempt("k-slow", 100)
+			slow.Faults = lab.Faults{Point: lab.FaultSlow, Work: time.Hour}
+			_, err := s.Charge(ctx, slow)
+			done <- err
+		}()
+		synctest.Wait() // the slow owner holds its claim
+		c.Advance(30 * time.Second)
+		if _, err := s.Charge(bg, attempt("k-done", 100)); err != nil {
+			t.Fatal(err)
+		}
+		c.Advance(10 * time.Second)
+		if age, _ := s.OldestInFlight(bg); age != 40*time.Second {
+			t.Fatalf("oldest in flight: %s, want the slow claim's 40s", age)
+		}
+		cancel() // the slow owner's client leaves: its claim is released
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("slow owner: %v", err)
+		}
+		if age, _ := s.OldestInFlight(bg); age != 0 {
+			t.Fatalf("oldest in flight: %s, want none", age)
+		}
+	})
 }
