@@ -46,6 +46,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return m.Run(ctx)
 	case "matrix":
 		return runMatrix(ctx, args, stdout, stderr)
+	case "bench":
+		return runBench(ctx, args, stdout, stderr)
 	case "proxy":
 		return runProxy(ctx, args, stderr)
 	case "provider":
@@ -63,6 +65,9 @@ const commands = `usage:
   lab [serve] [flags]   serve the lab (the default); lab serve --help lists every flag and default
   lab matrix [flags]    run every store against every scenario and print the table
                         (-format table|markdown|json; -url to use a running lab)
+  lab bench [flags]     load every store's charge path over HTTP (fresh and replayed keys,
+                        1 and 3 replicas), check the ledger, compare with pgbench,
+                        redis-benchmark and a bare Echo handler (-smoke, -json, -markdown)
   lab proxy [flags]     round-robin, health-checked front for several replicas
   lab provider [flags]  the simulated payment provider alone (captures, receipts,
                         faults, signed webhooks); point the lab at it with -provider-url

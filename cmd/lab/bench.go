@@ -1,0 +1,356 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/bench"
+	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
+	"github.com/idempotency-lab/lab/lab/variant"
+)
+
+// benchFlags are lab bench's own flags, beside serve's.
+type benchFlags struct {
+	duration    time.Duration
+	connections int
+	stores      string
+	replicas    string
+	ceilings    bool
+	json        string
+	markdown    bool
+	smoke       bool
+	attemptRuns int
+}
+
+// runBench loads a lab of its own (started with the same configuration as
+// serve, on a free loopback port) path by path, holds every loaded phase to
+// the ledger and prints one table beside the ceilings measured in the same
+// run. A failed ledger check fails the command.
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	id := bench.NewID()
+	m := NewMain(stderr)
+	// Its rows and keys go to a scratch schema and Redis prefix of its own,
+	// removed at the end, unless -pg-schema / -redis-prefix name others.
+	scratchSchema, scratchPrefix := "idempotency_lab_bench_"+id, "idempotency-lab-bench-"+id+":"
+	m.Config.PGSchema, m.Config.RedisPrefix = scratchSchema, scratchPrefix
+	m.Config.RedisPair = false // only the failover fault needs the pair: not worth two redis-servers here
+	fs, err := m.flags("lab bench")
+	if err != nil {
+		return err
+	}
+	var f benchFlags
+	fs.DurationVar(&f.duration, "duration", 5*time.Second, "length of each loaded phase and ceiling")
+	fs.IntVar(&f.connections, "connections", 16, "concurrent requests, each on a kept-alive connection (pgbench and redis-benchmark clients too)")
+	fs.StringVar(&f.stores, "stores", "", "stores to load, comma-separated (default every registered store; memory,unsafe with -smoke)")
+	fs.StringVar(&f.replicas, "replicas", "1,3", "replica counts each store is loaded on, comma-separated")
+	fs.BoolVar(&f.ceilings, "ceilings", true, "measure the ceilings: a bare Echo handler, and pgbench and redis-benchmark when installed")
+	fs.StringVar(&f.json, "json", "", "write every figure as JSON to this file")
+	fs.BoolVar(&f.markdown, "markdown", false, "print the table as markdown for a README, after the command line that reproduces it")
+	fs.BoolVar(&f.smoke, "smoke", false, "a very short run: 300ms phases, memory and unsafe unless -stores, only the Echo ceiling, 2 runs of 64 attempts")
+	fs.IntVar(&f.attemptRuns, "attempt-runs", 9, "64-attempt lab runs per store, for their median wall time and barrier spread")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	given := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { given[fl.Name] = true })
+	if f.smoke {
+		if !given["duration"] {
+			f.duration = 300 * time.Millisecond
+		}
+		if !given["stores"] {
+			f.stores = "memory,unsafe"
+		}
+		if !given["attempt-runs"] {
+			f.attemptRuns = 2
+		}
+	}
+	stores, err := parseStores(f.stores, m.Config.Variants)
+	if err != nil {
+		return err
+	}
+	replicas, err := parseCounts(f.replicas)
+	if err != nil {
+		return err
+	}
+	switch {
+	case f.duration <= 0:
+		return fmt.Errorf("-duration must be positive (got %s)", f.duration)
+	case f.connections < 1 || f.connections > 1024:
+		return fmt.Errorf("-connections must be in 1..1024 (got %d)", f.connections)
+	case f.attemptRuns < 0:
+		return fmt.Errorf("-attempt-runs must not be negative (got %d)", f.attemptRuns)
+	}
+	external := f.ceilings && !f.smoke
+	// One namespace may hold a quarter of a replica's pool (so one attendee
+	// never starves the others): size the pool so the bench's namespace may
+	// use as many connections as pgbench gets clients, unless told otherwise.
+	// Connections open only as they are needed.
+	if !given["pg-pool-size"] && os.Getenv("LAB_PG_POOL_SIZE") == "" {
+		m.Config.PGPoolSize = min(500, max(m.Config.PGPoolSize, 4*f.connections))
+	}
+
+	level := m.LogLevel
+	if level == "info" {
+		level = "warn" // the progress is the output here
+	}
+	bar := &progressLine{w: stderr, tty: isTerminal(stderr)}
+	log, err := newLogger(bar, level)
+	if err != nil {
+		return err
+	}
+	m.Config.Logger = log
+	m.Config.Addr = "127.0.0.1:0"
+
+	// Without DATABASE_URL the lab would start its throwaway cluster out of
+	// sight; started here, pgbench can reach the same server.
+	embedded := false
+	if external && m.Config.DatabaseURL == "" && m.Config.EmbedPostgres && needs(m.Config.Variants, stores, variant.NeedPostgres) {
+		if _, err := throwaway.Find(); err == nil {
+			cluster, err := throwaway.Start(ctx, log)
+			if err == nil {
+				defer func() { _ = cluster.Close() }()
+				m.Config.DatabaseURL, embedded = cluster.URL(), true
+			}
+		}
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if m.Config.DatabaseURL != "" && !embedded && m.Config.PGSchema == scratchSchema {
+			if err := dropSchema(cctx, m.Config.DatabaseURL, scratchSchema); err != nil {
+				log.Warn("the bench's scratch schema stays", "schema", scratchSchema, "err", err)
+			}
+		}
+		if m.Config.RedisURL != "" && m.Config.RedisPrefix == scratchPrefix {
+			if err := deleteKeys(cctx, m.Config.RedisURL, scratchPrefix); err != nil {
+				log.Warn("the bench's Redis keys stay", "prefix", scratchPrefix, "err", err)
+			}
+		}
+	}()
+
+	a, err := app.Start(ctx, m.Config)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+		defer cancel()
+		_ = a.Close(sctx)
+	}()
+	pub := a.Public()
+	res, err := bench.Run(ctx, bench.Config{
+		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books()},
+		ID:  id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
+		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
+		AttemptRuns: f.attemptRuns, Command: reproduce(args, os.LookupEnv),
+		Progress: func(done, total int, label string) {
+			if bar.tty {
+				bar.show(done, total, label)
+				return
+			}
+			fmt.Fprintf(bar, "bench: %d/%d %s\n", done, total, label)
+		},
+	})
+	bar.end()
+	if err != nil {
+		return err
+	}
+	if f.json != "" {
+		if err := writeJSONFile(f.json, res); err != nil {
+			return err
+		}
+	}
+	if err := res.WriteTable(stdout, f.markdown); err != nil {
+		return err
+	}
+	if failed := res.Failures(); len(failed) > 0 {
+		return fmt.Errorf("bench failed: %s", strings.Join(failed, "; "))
+	}
+	return nil
+}
+
+// parseStores reads -stores; empty means every registered store.
+func parseStores(raw string, vs []variant.Variant) ([]lab.StoreName, error) {
+	var out []lab.StoreName
+	for s := range strings.SplitSeq(raw, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		known := slices.ContainsFunc(vs, func(v variant.Variant) bool { return string(v.Name) == s })
+		if !known {
+			names := make([]string, len(vs))
+			for i, v := range vs {
+				names[i] = string(v.Name)
+			}
+			return nil, fmt.Errorf("-stores: unknown store %q (the lab has %s)", s, strings.Join(names, ", "))
+		}
+		if !slices.Contains(out, lab.StoreName(s)) {
+			out = append(out, lab.StoreName(s))
+		}
+	}
+	return out, nil
+}
+
+// parseCounts reads -replicas: positive counts, in the order given.
+func parseCounts(raw string) ([]int, error) {
+	var out []int
+	for s := range strings.SplitSeq(raw, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("-replicas: %q is not a positive count", s)
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("-replicas: at least one count is required (got %q)", raw)
+	}
+	return out, nil
+}
+
+// needs reports whether one of the chosen stores (every one when none is
+// chosen) needs the service.
+func needs(vs []variant.Variant, chosen []lab.StoreName, n variant.Need) bool {
+	for _, v := range vs {
+		if (len(chosen) == 0 || slices.Contains(chosen, v.Name)) && slices.Contains(v.Needs, n) {
+			return true
+		}
+	}
+	return false
+}
+
+func dropSchema(ctx context.Context, dbURL, schema string) error {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return fmt.Errorf("error connecting to drop schema %s: %w", schema, err)
+	}
+	defer pool.Close()
+	return pgdb.DropSchema(ctx, pool, schema)
+}
+
+// deleteKeys deletes the keys under prefix, and nothing else.
+func deleteKeys(ctx context.Context, redisURL, prefix string) error {
+	opts, err := goredis.ParseURL(redisURL)
+	if err != nil {
+		return fmt.Errorf("error parsing REDIS_URL: %w", err)
+	}
+	client := goredis.NewClient(opts)
+	defer client.Close()
+	iter := client.Scan(ctx, 0, prefix+"*", 500).Iterator()
+	for iter.Next(ctx) {
+		if err := client.Unlink(ctx, iter.Val()).Err(); err != nil {
+			return fmt.Errorf("error deleting %s: %w", iter.Val(), err)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("error listing keys under %s: %w", prefix, err)
+	}
+	return nil
+}
+
+func writeJSONFile(path string, res *bench.Result) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("error creating %s: %w", path, err)
+	}
+	if err := res.WriteJSON(f); err != nil {
+		_ = f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("error writing %s: %w", path, err)
+	}
+	return nil
+}
+
+// secretSetting reports the settings whose values a printed command line hides.
+func secretSetting(flag string) bool {
+	switch flag {
+	case "admin-token", "webhook-secret", "join-code", "tenants":
+		return true
+	}
+	return false
+}
+
+// reproduce is the command line that runs this bench again: the lab's
+// environment variables that are set, then the arguments, with secrets
+// and URL passwords hidden.
+func reproduce(args []string, lookup func(string) (string, bool)) string {
+	var c app.Config
+	var level string
+	var parts []string
+	secret := map[string]bool{}
+	for _, s := range settings(&c, &level) {
+		v, ok := lookup(s.env)
+		if secretSetting(s.flag) {
+			secret["-"+s.flag], secret["--"+s.flag] = true, true
+			v = "…"
+		}
+		if ok && v != "" {
+			parts = append(parts, s.env+"="+shellQuote(redactURL(v)))
+		}
+	}
+	parts = append(parts, "go", "run", "./cmd/lab", "bench")
+	hide := false
+	for _, a := range args {
+		name, _, hasValue := strings.Cut(a, "=")
+		switch {
+		case hide:
+			a, hide = "…", false
+		case secret[name] && hasValue:
+			a = name + "=…"
+		case secret[name]:
+			hide = true
+		}
+		parts = append(parts, shellQuote(redactURL(a)))
+	}
+	return strings.Join(parts, " ")
+}
+
+// redactURL hides the password of a URL (or of a flag=URL argument).
+func redactURL(s string) string {
+	prefix, raw := "", s
+	if name, v, ok := strings.Cut(s, "="); ok && strings.HasPrefix(name, "-") {
+		prefix, raw = name+"=", v
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, has := u.User.Password(); !has {
+		return s
+	}
+	return prefix + u.Redacted()
+}
+
+var shellSafe = regexp.MustCompile(`^[A-Za-z0-9_./:=,@%+-]+$`)
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if shellSafe.MatchString(s) {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

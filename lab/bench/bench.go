@@ -1,0 +1,323 @@
+// Package bench measures a running lab's charge path under real HTTP load
+// (vegeta, a fixed number of connections, as fast as they go), checks every
+// loaded phase against the ledger, and sets each figure beside a ceiling
+// measured in the same run: pgbench on the postgres store's own statements,
+// redis-benchmark on the redis store's replay command, and a bare Echo
+// handler for HTTP itself. `lab bench` (cmd/lab) starts the lab and prints
+// the result.
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Books is what the bench reads of the ledger: the charges a run made,
+// listed and counted, the charges under one key, and the outbox.
+type Books interface {
+	RunStats(ctx context.Context, run string) (lab.RunStats, error)
+	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
+	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
+	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
+}
+
+// Lab is the running lab under load.
+type Lab struct {
+	URL       string        // the primary replica's base URL
+	Token     string        // bearer token the load charges with ("" sends none)
+	Tenant    string        // the tenant of that token
+	Namespace lab.Namespace // the tenant's namespace
+	// Targets returns n replicas' base URLs (the primary first), starting
+	// in-process replicas as needed.
+	Targets func(ctx context.Context, n int) ([]string, error)
+	Books   Books
+}
+
+// Config says what to measure.
+type Config struct {
+	Lab         Lab
+	ID          string        // names the bench's runs and keys; "" draws one
+	Duration    time.Duration // of each loaded phase
+	Connections int           // concurrent requests, each on its own kept-alive connection
+	Stores      []lab.StoreName
+	Replicas    []int // replica counts each store is loaded on, e.g. 1 and 3
+	Echo        bool  // measure the bare Echo handler (the HTTP ceiling)
+	External    bool  // measure pgbench and redis-benchmark when installed
+	DatabaseURL string
+	RedisURL    string
+	RedisPrefix string // keys redis-benchmark reads live under it, deleted after
+	AttemptRuns int    // 64-attempt lab runs per store
+	Command     string // the command line that reproduces the run, for the report
+	Progress    func(done, total int, label string)
+}
+
+// Kind is a loaded path.
+type Kind string
+
+// The loaded paths.
+const (
+	FreshHot  Kind = "fresh_hot"  // a new key per request, one account
+	FreshMany Kind = "fresh_many" // a new key per request, one of Accounts accounts
+	Replay    Kind = "replay"     // one completed key, repeated
+)
+
+// Accounts is how many accounts the many-accounts phase spreads over.
+const Accounts = 1000
+
+// Attempts is the size of the concurrent lab runs.
+const Attempts = 64
+
+// Result is every figure of one bench.
+type Result struct {
+	ID          string          `json:"id"`
+	Command     string          `json:"command,omitempty"`
+	Started     time.Time       `json:"started"`
+	Elapsed     time.Duration   `json:"elapsed_ns"`
+	Duration    time.Duration   `json:"phase_duration_ns"`
+	Connections int             `json:"connections"`
+	Replicas    []int           `json:"replicas"`
+	Stores      []lab.StoreName `json:"stores"`
+	Host        Host            `json:"host"`
+	Phases      []*Phase        `json:"phases"`
+	Skipped     []Skip          `json:"skipped,omitempty"`
+	Ceilings    []*Ceiling      `json:"ceilings"`
+	Concurrent  []*Concurrent   `json:"concurrent_runs"`
+}
+
+// Host is where the bench ran.
+type Host struct {
+	CPUs       int    `json:"cpus"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	Go         string `json:"go"`
+	OS         string `json:"os"`
+}
+
+// Skip is a store or a path not measured, and why.
+type Skip struct {
+	Store  lab.StoreName `json:"store"`
+	Kind   Kind          `json:"kind,omitempty"` // empty: every path of the store
+	Reason string        `json:"reason"`
+}
+
+// Concurrent is a store's 64-attempt lab runs.
+type Concurrent struct {
+	Store          lab.StoreName  `json:"store"`
+	Runs           int            `json:"runs"`
+	WallMS         []float64      `json:"wall_ms"`
+	SpreadMS       []float64      `json:"barrier_spread_ms"`
+	MedianWallMS   float64        `json:"median_wall_ms"`
+	MedianSpreadMS float64        `json:"median_barrier_spread_ms"`
+	Verdicts       map[string]int `json:"verdicts"`
+	Error          string         `json:"error,omitempty"`
+}
+
+// Failures lists what failed: ledger checks, phases that could not run,
+// concurrent runs that errored. Empty when the bench holds.
+func (r *Result) Failures() []string {
+	var out []string
+	for _, p := range r.Phases {
+		if p.Error != "" {
+			out = append(out, p.Path()+": "+p.Error)
+		}
+		if p.Check != nil && !p.Check.OK {
+			out = append(out, p.Path()+": ledger check failed: "+strings.Join(p.Check.Failures, "; "))
+		}
+	}
+	for _, c := range r.Concurrent {
+		if c.Error != "" {
+			out = append(out, fmt.Sprintf("%d concurrent attempts on %s: %s", Attempts, c.Store, c.Error))
+		}
+	}
+	return out
+}
+
+// WriteJSON writes every figure.
+func (r *Result) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(r); err != nil {
+		return fmt.Errorf("error writing the bench as JSON: %w", err)
+	}
+	return nil
+}
+
+// storeInfo is a registered store, as the lab's index lists it.
+type storeInfo struct {
+	Name        lab.StoreName `json:"name"`
+	RequiresKey bool          `json:"requires_key"`
+	Available   bool          `json:"available"`
+	HowToEnable string        `json:"how_to_enable"`
+}
+
+// discover reads the lab's stores and its replica bound from GET /.
+func discover(ctx context.Context, client *http.Client, base string) ([]storeInfo, int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/", nil)
+	if err != nil {
+		return nil, 0, fmt.Errorf("error building the index request: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("error reading the lab's index: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, 0, fmt.Errorf("the lab's index answered %d", resp.StatusCode)
+	}
+	var idx struct {
+		Variants    []storeInfo `json:"variants"`
+		MaxReplicas int         `json:"max_replicas"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&idx); err != nil {
+		return nil, 0, fmt.Errorf("error decoding the lab's index: %w", err)
+	}
+	return idx.Variants, idx.MaxReplicas, nil
+}
+
+// step is one unit of work, counted by the progress bar.
+type step struct {
+	label string
+	run   func(ctx context.Context) error
+}
+
+// Run measures the lab as cfg says. A ledger check that fails does not
+// stop the bench: it is reported in the result (see Failures); err is for
+// what kept the bench from running at all.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if cfg.Duration <= 0 || cfg.Connections < 1 || len(cfg.Replicas) == 0 || cfg.Lab.Books == nil || cfg.Lab.Targets == nil {
+		return nil, errors.New("bench: a positive duration, at least one connection, replica counts, books and targets are required")
+	}
+	if cfg.ID == "" {
+		cfg.ID = NewID()
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = func(int, int, string) {}
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 2 * time.Minute}
+	defer client.CloseIdleConnections()
+	all, maxReplicas, err := discover(ctx, client, cfg.Lab.URL)
+	if err != nil {
+		return nil, err
+	}
+	stores, err := pick(all, cfg.Stores)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range cfg.Replicas {
+		if n < 1 || n > maxReplicas {
+			return nil, fmt.Errorf("bench: replicas must be in 1..%d on this lab (got %d)", maxReplicas, n)
+		}
+	}
+	res := &Result{
+		ID: cfg.ID, Command: cfg.Command, Started: time.Now().UTC(), Duration: cfg.Duration, Connections: cfg.Connections,
+		Replicas: cfg.Replicas, Host: Host{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH},
+	}
+	b := &bencher{cfg: cfg, client: client, res: res}
+	// Store by store, each path on every replica count in turn, then the
+	// store's ceilings, so what the table sets side by side is measured
+	// close together.
+	var steps []step
+	for _, st := range stores {
+		res.Stores = append(res.Stores, st.Name)
+		if !st.Available {
+			res.Skipped = append(res.Skipped, Skip{Store: st.Name, Reason: st.HowToEnable})
+			continue
+		}
+		for _, k := range []Kind{FreshHot, FreshMany, Replay} {
+			if k == Replay && !st.RequiresKey {
+				res.Skipped = append(res.Skipped, Skip{Store: st.Name, Kind: Replay, Reason: "it ignores the key: every request is charged again, there is nothing to replay"})
+				continue
+			}
+			for _, n := range cfg.Replicas {
+				p := &Phase{Store: st.Name, Kind: k, Replicas: n, Run: fmt.Sprintf("bench-%s-%d", cfg.ID, len(steps)+1), keyed: st.RequiresKey}
+				steps = append(steps, step{label: p.Path(), run: func(ctx context.Context) error {
+					res.Phases = append(res.Phases, p)
+					return b.phase(ctx, p)
+				}})
+			}
+		}
+		steps = append(steps, b.ceilingSteps(st.Name)...)
+	}
+	if cfg.Echo && !slices.ContainsFunc(stores, func(s storeInfo) bool { return s.Name == "memory" && s.Available }) {
+		steps = append(steps, b.echoStep()...) // the HTTP ceiling, with no memory replay beside it
+	}
+	for _, st := range stores {
+		if st.Available && cfg.AttemptRuns > 0 {
+			steps = append(steps, step{label: fmt.Sprintf("%d concurrent attempts on %s", Attempts, st.Name), run: func(ctx context.Context) error {
+				if _, _, err := b.settle(ctx); err != nil {
+					return err
+				}
+				res.Concurrent = append(res.Concurrent, b.concurrent(ctx, st))
+				return nil
+			}})
+		}
+	}
+	began := time.Now()
+	for i, s := range steps {
+		cfg.Progress(i, len(steps), s.label)
+		if err := s.run(ctx); err != nil {
+			return res, err
+		}
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("bench interrupted: %w", err)
+		}
+	}
+	cfg.Progress(len(steps), len(steps), "done")
+	res.Elapsed = time.Since(began)
+	pair(res)
+	return res, nil
+}
+
+// pick keeps the stores asked for (every registered one when none is), in
+// the lab's order, and refuses a name the lab does not know.
+func pick(all []storeInfo, want []lab.StoreName) ([]storeInfo, error) {
+	if len(want) == 0 {
+		return all, nil
+	}
+	var names []string
+	for _, s := range all {
+		names = append(names, string(s.Name))
+	}
+	for _, w := range want {
+		if !slices.Contains(names, string(w)) {
+			return nil, fmt.Errorf("bench: unknown store %q (the lab has %s)", w, strings.Join(names, ", "))
+		}
+	}
+	var out []storeInfo
+	for _, s := range all {
+		if slices.Contains(want, s.Name) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// NewID returns a short random name for one bench: its runs, keys, scratch
+// schema and Redis keys carry it.
+func NewID() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+// bencher runs the steps of one bench.
+type bencher struct {
+	cfg    Config
+	client *http.Client
+	res    *Result
+	// replayBody is a replay's answer as the lab sent it, for the bare
+	// Echo handler to send the same bytes.
+	replayBody []byte
+}

@@ -1,0 +1,369 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/idempotency-lab/lab/lab"
+)
+
+// Pairing is a phase set beside one ceiling.
+type Pairing struct {
+	Name   string  `json:"name"`
+	PerSec float64 `json:"per_s,omitempty"`
+	Ratio  float64 `json:"ratio,omitempty"` // the phase's throughput over the ceiling's
+	// Goal is the least ratio the issue asks of this pair, when it asks one.
+	Goal float64 `json:"goal,omitempty"`
+	// Status says why there is no figure.
+	Status string `json:"status,omitempty"`
+}
+
+// redisReplayGoal is the issue's target: a redis replay at least 0.6 times
+// as fast as a memory replay.
+const redisReplayGoal = 0.6
+
+// pair sets each phase beside what bounds it: the postgres paths beside
+// pgbench on the same statements (replays also beside a bare primary-key
+// read), redis replays beside memory replays and redis-benchmark, memory
+// replays beside a bare Echo handler, and every path on several replicas
+// beside the same path on one.
+func pair(res *Result) {
+	ceilings := map[string]*Ceiling{}
+	for _, c := range res.Ceilings {
+		ceilings[c.ID] = c
+	}
+	find := func(store lab.StoreName, k Kind, replicas int) *Phase {
+		for _, q := range res.Phases {
+			if q.Store == store && q.Kind == k && q.Replicas == replicas {
+				return q
+			}
+		}
+		return nil
+	}
+	for _, p := range res.Phases {
+		var ps []Pairing
+		add := func(id string) {
+			c := ceilings[id]
+			switch {
+			case c == nil:
+			case c.Status != Measured:
+				ps = append(ps, Pairing{Name: c.Name, Status: c.Status})
+			default:
+				ps = append(ps, Pairing{Name: c.Name, PerSec: c.PerSec, Ratio: ratio(p.Throughput, c.PerSec)})
+			}
+		}
+		beside := func(q *Phase, name string, goal float64) {
+			switch {
+			case q == nil:
+				ps = append(ps, Pairing{Name: name, Goal: goal, Status: "not loaded in this bench"})
+			case q.Error != "":
+				ps = append(ps, Pairing{Name: name, Goal: goal, Status: "could not run"})
+			default:
+				ps = append(ps, Pairing{Name: name, PerSec: q.Throughput, Ratio: ratio(p.Throughput, q.Throughput), Goal: goal})
+			}
+		}
+		switch {
+		case p.Replicas > 1:
+			one := Phase{Store: p.Store, Kind: p.Kind, Replicas: 1}
+			beside(find(p.Store, p.Kind, 1), one.Path(), 0)
+		case p.Store == "postgres" && p.Kind == FreshHot:
+			add(PgFreshHot)
+		case p.Store == "postgres" && p.Kind == FreshMany:
+			add(PgFreshMany)
+		case p.Store == "postgres" && p.Kind == Replay:
+			add(PgSelect)
+			add(PgReplay)
+		case p.Store == "redis" && p.Kind == Replay:
+			beside(find("memory", Replay, 1), "memory replay, 1 replica", redisReplayGoal)
+			add(RedisSetNX)
+			add(RedisGet)
+		case p.Store == "memory" && p.Kind == Replay:
+			add(EchoBare)
+		}
+		p.Ceilings = ps
+	}
+}
+
+func ratio(a, b float64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+// thousands writes n with comma separators: 12,345.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+func perSec(x float64) string {
+	if x <= 0 {
+		return "—"
+	}
+	if x < 10 {
+		return strconv.FormatFloat(x, 'f', 1, 64)
+	}
+	return thousands(int(math.Round(x)))
+}
+
+func millis(x float64) string {
+	switch {
+	case x <= 0:
+		return "—"
+	case x < 10:
+		return strconv.FormatFloat(x, 'f', 2, 64) + " ms"
+	case x < 100:
+		return strconv.FormatFloat(x, 'f', 1, 64) + " ms"
+	}
+	return thousands(int(math.Round(x))) + " ms"
+}
+
+func (p Pairing) ratioText() string {
+	if p.Status != "" || p.Ratio <= 0 {
+		return "—"
+	}
+	s := strconv.FormatFloat(p.Ratio, 'f', 2, 64) + "×"
+	if p.Goal > 0 {
+		verdict := "meets"
+		if p.Ratio < p.Goal {
+			verdict = "misses"
+		}
+		s += fmt.Sprintf(" (%s goal ≥ %s×)", verdict, strconv.FormatFloat(p.Goal, 'f', -1, 64))
+	}
+	return s
+}
+
+// marks flags a phase in the table: (!) some answers were not 2xx or it
+// could not run; (ledger) its ledger check failed.
+func (p *Phase) marks() string {
+	var m []string
+	if p.Error != "" || p.Non2xx > 0 {
+		m = append(m, "(!)")
+	}
+	if p.Check != nil && !p.Check.OK {
+		m = append(m, "(ledger)")
+	}
+	return strings.Join(m, " ")
+}
+
+// rows lays the result out as the table's cells.
+func (r *Result) rows() [][]string {
+	out := [][]string{{"path", "throughput /s", "p50", "p99", "ceiling", "ceiling /s", "ratio"}}
+	for _, p := range r.ordered() {
+		path := p.Path()
+		if m := p.marks(); m != "" {
+			path += " " + m
+		}
+		first := []string{path, perSec(p.Throughput), millis(p.Latency.P50), millis(p.Latency.P99), "—", "", ""}
+		if p.Error != "" {
+			first[1], first[2], first[3] = "could not run", "", ""
+		}
+		for i, c := range p.Ceilings {
+			cells := []string{"", "", "", "", c.Name, perSec(c.PerSec), c.ratioText()}
+			if c.Status != "" {
+				cells[5] = c.Status
+			}
+			if i == 0 {
+				copy(cells[:4], first[:4])
+			}
+			out = append(out, cells)
+		}
+		if len(p.Ceilings) == 0 {
+			out = append(out, first)
+		}
+	}
+	return out
+}
+
+// ordered lists the phases store by store (in the lab's order), each
+// store's paths together, one replica before several.
+func (r *Result) ordered() []*Phase {
+	kinds := []Kind{FreshHot, FreshMany, Replay}
+	ps := slices.Clone(r.Phases)
+	slices.SortStableFunc(ps, func(a, b *Phase) int {
+		if c := slices.Index(r.Stores, a.Store) - slices.Index(r.Stores, b.Store); c != 0 {
+			return c
+		}
+		if c := slices.Index(kinds, a.Kind) - slices.Index(kinds, b.Kind); c != 0 {
+			return c
+		}
+		return a.Replicas - b.Replicas
+	})
+	return ps
+}
+
+// WriteTable writes the table, aligned and valid markdown, then the notes:
+// marked phases, the ledger, skipped stores, every ceiling, the
+// 64-attempt runs. With markdown, the command that reproduces the bench
+// comes first and the notes are a list.
+func (r *Result) WriteTable(w io.Writer, markdown bool) error {
+	var b strings.Builder
+	if markdown && r.Command != "" {
+		fmt.Fprintf(&b, "```sh\n%s\n```\n\n", r.Command)
+	}
+	fmt.Fprintf(&b, "Phases of %s at %d connections (vegeta, unpaced), each once the outbox had drained; %d CPUs (GOMAXPROCS %d), %s, %s; elapsed %s.\n\n",
+		r.Duration, r.Connections, r.Host.CPUs, r.Host.GOMAXPROCS, r.Host.Go, r.Host.OS, r.Elapsed.Round(100_000_000))
+	rows := r.rows()
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for i, c := range row {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c), 3)
+		}
+	}
+	right := []bool{false, true, true, true, false, true, false}
+	line := func(cells []string) {
+		b.WriteString("|")
+		for i, c := range cells {
+			pad := strings.Repeat(" ", widths[i]-utf8.RuneCountInString(c))
+			if right[i] {
+				b.WriteString(" " + pad + c + " |")
+			} else {
+				b.WriteString(" " + c + pad + " |")
+			}
+		}
+		b.WriteString("\n")
+	}
+	line(rows[0])
+	b.WriteString("|")
+	for i, wd := range widths {
+		if right[i] {
+			b.WriteString(strings.Repeat("-", wd+1) + ":|")
+		} else {
+			b.WriteString(strings.Repeat("-", wd+2) + "|")
+		}
+	}
+	b.WriteString("\n")
+	for _, row := range rows[1:] {
+		line(row)
+	}
+	b.WriteString("\n")
+	bullet := ""
+	if markdown {
+		bullet = "- "
+	}
+	for _, n := range r.notes() {
+		b.WriteString(bullet + n + "\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	if err != nil {
+		return fmt.Errorf("error writing the bench table: %w", err)
+	}
+	return nil
+}
+
+// notes are the lines under the table.
+func (r *Result) notes() []string {
+	var out []string
+	for _, p := range r.ordered() {
+		switch {
+		case p.Error != "":
+			out = append(out, fmt.Sprintf("(!) %s could not run: %s", p.Path(), p.Error))
+		case p.Non2xx > 0:
+			out = append(out, fmt.Sprintf("(!) %s: %s of %s answers were not 2xx (%s)", p.Path(), thousands(p.Non2xx), thousands(int(p.Requests)), codes(p.StatusCodes, p.Errors)))
+		}
+	}
+	for _, p := range r.ordered() {
+		if p.Primed > 1 {
+			out = append(out, fmt.Sprintf("%s: priming the key charged it %d times, once per replica: each keeps its own keys", p.Path(), p.Primed))
+		}
+	}
+	checked, held := 0, 0
+	for _, p := range r.Phases {
+		if p.Check == nil {
+			continue
+		}
+		checked++
+		if p.Check.OK {
+			held++
+			continue
+		}
+		out = append(out, fmt.Sprintf("(ledger) %s: %s", p.Path(), strings.Join(p.Check.Failures, "; ")))
+	}
+	if checked > 0 {
+		if held == checked {
+			out = append(out, fmt.Sprintf("ledger: all %d phases hold: each key answered 201 has exactly one charge and the run's charges are exactly those answered (unsafe: one charge per 201); a replay charged nothing.", checked))
+		} else {
+			out = append(out, fmt.Sprintf("ledger: %d of %d phases FAILED their check.", checked-held, checked))
+		}
+	}
+	for _, s := range r.Skipped {
+		what := "skipped"
+		if s.Kind != "" {
+			what = string(s.Kind) + " skipped"
+		}
+		out = append(out, fmt.Sprintf("%s: %s: %s", s.Store, what, s.Reason))
+	}
+	for _, c := range r.Ceilings {
+		if c.Status != Measured {
+			out = append(out, fmt.Sprintf("ceiling %s: %s", c.Name, c.Status))
+			continue
+		}
+		how := ""
+		if c.Command != "" {
+			how = " — `" + c.Command + "`"
+		}
+		out = append(out, fmt.Sprintf("ceiling %s: %s/s, %s average%s", c.Name, perSec(c.PerSec), millis(c.LatencyMS), how))
+	}
+	for _, c := range r.Concurrent {
+		line := fmt.Sprintf("%d concurrent attempts on %s (`/charge-idempotent?attempts=%d&key=fresh`), median of %d runs: wall %s, barrier spread %s",
+			Attempts, c.Store, Attempts, c.Runs, millis(c.MedianWallMS), millis(c.MedianSpreadMS))
+		if c.Store == "unsafe" {
+			line = strings.Replace(line, "/charge-idempotent?", "/charge-unsafe?", 1)
+		}
+		if len(c.Verdicts) > 0 {
+			vs := make([]string, 0, len(c.Verdicts))
+			for v, n := range c.Verdicts {
+				vs = append(vs, fmt.Sprintf("%s ×%d", v, n))
+			}
+			slices.Sort(vs)
+			line += " (" + strings.Join(vs, ", ") + ")"
+		}
+		if c.Error != "" {
+			line += "; FAILED: " + c.Error
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// codes writes a status histogram, most frequent first, and the first error.
+func codes(sc map[string]int, errs []string) string {
+	keys := make([]string, 0, len(sc))
+	for k := range sc {
+		if !strings.HasPrefix(k, "2") {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b string) int { return sc[b] - sc[a] })
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		name := k
+		if k == "0" {
+			name = "no answer"
+		}
+		parts = append(parts, fmt.Sprintf("%s ×%s", name, thousands(sc[k])))
+	}
+	s := strings.Join(parts, ", ")
+	if len(errs) > 0 {
+		s += ": " + errs[0]
+	}
+	return s
+}
