@@ -21,6 +21,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/bench"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
 
@@ -99,10 +100,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("-attempt-runs must not be negative (got %d)", f.attemptRuns)
 	}
 	external := f.ceilings && !f.smoke
-	// One namespace may hold a quarter of a replica's pool (so one attendee
-	// never starves the others): size the pool so the bench's namespace may
-	// use as many connections as pgbench gets clients, unless told otherwise.
-	// Connections open only as they are needed.
+	// One namespace may hold a quarter of a replica's pool, so that one
+	// attendee never starves another: size the pool so the bench's namespace
+	// may use as many connections as pgbench has clients, unless told
+	// otherwise. Connections open as needed and are dropped between phases.
 	if !given["pg-pool-size"] && os.Getenv("LAB_PG_POOL_SIZE") == "" {
 		m.Config.PGPoolSize = min(500, max(m.Config.PGPoolSize, 4*f.connections))
 	}
@@ -157,8 +158,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}()
 	pub := a.Public()
 	res, err := bench.Run(ctx, bench.Config{
-		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books()},
-		ID:  id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
+		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books(),
+			QueuedWebhooks: func(ctx context.Context) (int64, error) {
+				st, err := a.Provider().Stats(ctx, provider.Filter{})
+				return st.WebhooksQueued, err
+			},
+			DropConnections: a.DropConnections},
+		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
 		AttemptRuns: f.attemptRuns, Command: reproduce(args, os.LookupEnv),
 		Progress: func(done, total int, label string) {

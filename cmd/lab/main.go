@@ -4,6 +4,7 @@
 //	lab matrix [flags]    run the breakage matrix and print it
 //	lab proxy [flags]     round-robin front for a cluster of replicas
 //	lab provider [flags]  the simulated payment provider, alone
+//	lab bench [flags]     load every store's charge path and compare it with its ceilings
 //	lab health [-url]     exit 0 when the URL answers 200 (container health check)
 //	lab help              list the subcommands
 package main

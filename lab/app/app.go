@@ -435,6 +435,12 @@ func (a *App) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// DropConnections closes every PostgreSQL connection the lab holds (those
+// in use, when released); pools open new ones as they are needed. A load
+// generator calls it between phases, so idle connections of one phase
+// never crowd the server's connection limit in the next.
+func (a *App) DropConnections() { a.resetPools() }
+
 // resetPools drops every pool's connections, after store_restart killed
 // this lab's database sessions.
 func (a *App) resetPools() {

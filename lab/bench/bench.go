@@ -43,6 +43,12 @@ type Lab struct {
 	// in-process replicas as needed.
 	Targets func(ctx context.Context, n int) ([]string, error)
 	Books   Books
+	// QueuedWebhooks, when set, says how many webhook jobs the provider has
+	// still to send: the lab answers each, so a phase waits for them too.
+	QueuedWebhooks func(ctx context.Context) (int64, error)
+	// DropConnections, when set, closes the lab's idle PostgreSQL
+	// connections once a phase has settled (see Config.Connections).
+	DropConnections func()
 }
 
 // Config says what to measure.

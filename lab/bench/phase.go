@@ -252,8 +252,9 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 const maxSettle = 30 * time.Second
 
 // settle waits until the relay has delivered every pending event of the
-// namespace (bounded by maxSettle), so the deliveries an earlier phase
-// left behind do not slow this one: each phase bears only its own.
+// namespace and the provider has sent its webhooks (bounded by maxSettle),
+// so the work an earlier phase left behind does not slow this one: each
+// phase bears only its own.
 func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int, err error) {
 	began := time.Now()
 	for {
@@ -261,7 +262,16 @@ func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int
 		if err != nil {
 			return time.Since(began), 0, fmt.Errorf("bench: error reading the outbox: %w", err)
 		}
-		if st.Pending == 0 || time.Since(began) > maxSettle {
+		var queued int64
+		if q := b.cfg.Lab.QueuedWebhooks; q != nil {
+			if queued, err = q(ctx); err != nil {
+				return time.Since(began), 0, fmt.Errorf("bench: error reading the provider's webhook queue: %w", err)
+			}
+		}
+		if st.Pending == 0 && queued == 0 || time.Since(began) > maxSettle {
+			if drop := b.cfg.Lab.DropConnections; drop != nil {
+				drop()
+			}
 			return time.Since(began), st.Pending, nil
 		}
 		if err := lab.Sleep(ctx, 50*time.Millisecond); err != nil {

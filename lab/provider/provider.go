@@ -124,6 +124,9 @@ type Counters struct {
 	// WebhooksDropped counts webhooks never sent: the queue was full, or
 	// the provider stopped first.
 	WebhooksDropped int64 `json:"webhooks_dropped"`
+	// WebhooksQueued counts the jobs (a capture's webhooks, in order)
+	// waiting to be sent or waiting out a backoff, now.
+	WebhooksQueued int64 `json:"webhooks_queued"`
 }
 
 type counters struct {
@@ -134,7 +137,11 @@ type counters struct {
 // Counters reads the counters.
 func (p *Provider) Counters() Counters {
 	c := &p.counters
+	p.queueMu.Lock()
+	queued := int64(len(p.queue) + len(p.waiting))
+	p.queueMu.Unlock()
 	return Counters{
+		WebhooksQueued:   queued,
 		InFlightOverlaps: c.overlaps.Load(), ErrorsInjected: c.errorsInjected.Load(),
 		ResponsesLost: c.responsesLost.Load(), ConnectionsDropped: c.dropped.Load(),
 		WebhooksSent: c.webhooksSent.Load(), WebhooksFailed: c.webhooksFailed.Load(),
