@@ -94,3 +94,26 @@ func BenchmarkReplay(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkKeysOf300k lists the newest 20 keys of a store holding 300,000:
+// what /idempotency/state costs, and how long it holds the store's lock,
+// grows with the keys listed, not with the keys held.
+func BenchmarkKeysOf300k(b *testing.B) {
+	s := newStore(b, memory.Config{Ledger: stubLedger{}, Window: 24 * time.Hour, Now: time.Now})
+	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: lab.DefaultCurrency}
+	ctx := context.Background()
+	for i := range 300_000 {
+		a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: "k-" + strconv.Itoa(i)}, Request: req,
+			Fingerprint: req.Fingerprint(), Store: memory.Name}
+		if _, err := s.Charge(ctx, a); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		keys, total, err := s.Keys(ctx, "acme", 20)
+		if err != nil || len(keys) != 20 || total != 300_000 {
+			b.Fatalf("%d keys of %d: %v", len(keys), total, err)
+		}
+	}
+}
