@@ -86,7 +86,11 @@ func TestDeadEventRetried(t *testing.T) {
 			if r := labtest.Charge(t, base, "memory", labtest.Acme, "k-dead-letter", body2500); r.Status != http.StatusCreated {
 				t.Fatalf("charge: %d %s", r.Status, r.Body)
 			}
-			v := waitFor("the event dead", func(v outboxView) bool { return v.Dead == 1 })
+			// GET /outbox reads the events and the counts in two statements:
+			// wait until both show the move, not just one of them.
+			v := waitFor("the event dead", func(v outboxView) bool {
+				return v.Dead == 1 && len(v.Events) == 1 && v.Events[0].State == lab.EventDead
+			})
 			ev := v.Events[0]
 			if ev.State != lab.EventDead || ev.Attempts != 3 || ev.LastError == "" || v.Receipts != 0 || dropped() != 3 {
 				t.Fatalf("dead event %+v, receipts %d, connections the provider dropped %d: want dead after 3 attempts", ev, v.Receipts, dropped())
@@ -112,7 +116,9 @@ func TestDeadEventRetried(t *testing.T) {
 			if got.ID != ev.ID || got.State != lab.EventPending || got.Attempts != 0 {
 				t.Fatalf("requeued %+v: want it pending with its attempts reset", got)
 			}
-			v = waitFor("the event delivered", func(v outboxView) bool { return v.Delivered == 1 })
+			v = waitFor("the event delivered", func(v outboxView) bool {
+				return v.Delivered == 1 && len(v.Events) == 1 && v.Events[0].State == lab.EventDelivered
+			})
 			if v.Events[0].Attempts != 1 || v.Dead != 0 || v.Pending != 0 || v.Retries != 0 || v.Receipts != 1 || v.Deliveries != 1 {
 				t.Fatalf("outbox %+v, event %+v: want it delivered once, on its first attempt after the retry", v, v.Events[0])
 			}
