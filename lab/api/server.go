@@ -381,8 +381,8 @@ func (s *Server) postCharge(c echo.Context) error {
 	default:
 		lab.Mark(ctx, lab.PhaseCommit) // a keyed store returns once the response is stored
 	}
-	if v := phases.ServerTiming(); v != "" {
-		c.Response().Header().Set("Server-Timing", v)
+	if timing := phases.ServerTiming(); timing != "" {
+		c.Response().Header().Set("Server-Timing", timing)
 	}
 	if err != nil {
 		if errors.Is(err, lab.ErrCrash) {

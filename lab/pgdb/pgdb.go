@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab"
 )
 
 //go:embed schema.sql
@@ -139,4 +141,15 @@ func ConnectionLost(err error) bool {
 	var ne net.Error
 	return pgconn.SafeToRetry(err) || errors.Is(err, pgconn.ErrConnClosed) || errors.As(err, &ne) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed)
+}
+
+// InNamespace is the condition that a row belongs to namespace ns, or to any
+// when ns is "" (the admin's view), with ns passed as parameter $n. It has
+// two forms rather than one condition OR-ing both, whose plan, once reused
+// for every call, cannot walk the (namespace, created_at) index.
+func InNamespace(ns lab.Namespace, n int) string {
+	if ns == "" {
+		return fmt.Sprintf("$%d = ''", n)
+	}
+	return fmt.Sprintf("namespace = $%d", n)
 }

@@ -336,14 +336,14 @@ const maxCounted = 10_000
 // Keys lists the namespace's newest keys ("" for every namespace's).
 func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	var total int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM lease_requests WHERE $1 = '' OR namespace = $1 LIMIT $2) AS k`,
+	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM lease_requests WHERE `+pgdb.InNamespace(ns, 1)+` LIMIT $2) AS k`,
 		string(ns), maxCounted).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
 		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
-		FROM lease_requests WHERE $3 = '' OR namespace = $3 ORDER BY created_at DESC LIMIT $1`, limit, s.now(), string(ns))
+		FROM lease_requests WHERE `+pgdb.InNamespace(ns, 3)+` ORDER BY created_at DESC LIMIT $1`, limit, s.now(), string(ns))
 	if err != nil {
 		return nil, 0, fmt.Errorf("error listing keys: %w", err)
 	}

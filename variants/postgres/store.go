@@ -426,14 +426,14 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 	// Counted up to maxCounted, so a listing costs what it lists and not
 	// what the table holds; the listing itself walks the (namespace,
 	// created_at) index for limit rows.
-	if err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE $1 = '' OR namespace = $1 LIMIT $2) AS k`),
+	if err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE `+pgdb.InNamespace(ns, 1)+` LIMIT $2) AS k`),
 		string(ns), maxCounted).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
 	rows, err := s.pool.Query(ctx, s.q(`
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
 		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
-		FROM idempotency_requests WHERE $3 = '' OR namespace = $3 ORDER BY created_at DESC LIMIT $1`), limit, s.now(), string(ns))
+		FROM idempotency_requests WHERE `+pgdb.InNamespace(ns, 3)+` ORDER BY created_at DESC LIMIT $1`), limit, s.now(), string(ns))
 	if err != nil {
 		return nil, 0, fmt.Errorf("error listing keys: %w", err)
 	}
