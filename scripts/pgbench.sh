@@ -25,9 +25,11 @@ psql -q -v ON_ERROR_STOP=1 "$url" -f lab/pgdb/schema.sql >/dev/null
 psql -q -v ON_ERROR_STOP=1 "$url" -f "$sql/seed.sql" >/dev/null
 
 # -M prepared: pgx, the lab's driver, prepares and caches its statements too.
-for kind in fresh_hot fresh_many replay pk_select; do
-  echo "== $kind: $clients clients, ${seconds}s"
+# name, script, its accounts (1: the hot account, whose row lock serializes the charges).
+for run in "fresh_hot fresh 1" "fresh_many fresh 1000" "replay replay 1" "pk_select pk_select 1"; do
+  read -r name script accounts <<<"$run"
+  echo "== $name: $clients clients, ${seconds}s"
   pgbench -n -M prepared -c "$clients" -j "$clients" -T "$seconds" \
-    -D tenant=acme -D "endpoint=POST /charges" -D key=replayed -f "$sql/$kind.sql" "$url" |
+    -D tenant=acme -D "endpoint=POST /charges" -D key=replayed -D "accounts=$accounts" -f "$sql/$script.sql" "$url" |
     grep -E '^(number of transactions actually processed|latency average|tps)'
 done

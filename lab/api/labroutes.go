@@ -552,7 +552,7 @@ func (s *Server) streamMatrix(c echo.Context, id tenants.Identity) error {
 	if err != nil {
 		p, _ := toProblem(err)
 		s.log.ErrorContext(c.Request().Context(), "matrix stopped", "code", p.code, "err", err)
-		line(map[string]any{"error": lab.Problem{Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param}})
+		line(map[string]any{"error": p.problem()})
 		return nil
 	}
 	line(map[string]any{"wall_ms": m.WallMS})

@@ -24,6 +24,11 @@ type problemError struct {
 
 func (p *problemError) Error() string { return p.code + ": " + p.detail }
 
+// problem is the RFC 9457 body p is answered with.
+func (p *problemError) problem() lab.Problem {
+	return lab.Problem{Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param}
+}
+
 func problem(status int, code, title, detail string) *problemError {
 	return &problemError{status: status, code: code, title: title, detail: detail}
 }
@@ -105,6 +110,6 @@ func writeProblem(c echo.Context, log *slog.Logger, err error) error {
 	if retryAfter > 0 {
 		c.Response().Header().Set("Retry-After", strconv.Itoa(int(max(1, retryAfter.Round(time.Second).Seconds()))))
 	}
-	resp := lab.Problem{Title: p.title, Status: p.status, Code: p.code, Detail: p.detail, Param: p.param}.Response()
+	resp := p.problem().Response()
 	return c.Blob(resp.Status, problemJSON, resp.Body)
 }

@@ -62,15 +62,19 @@ const (
 	EchoBare    = "echo"
 )
 
-// pgbenchScript is one embedded script and the ceiling it measures.
-type pgbenchScript struct{ id, file, name string }
+// pgbenchScript is one embedded script, the variables it runs with, and
+// the ceiling it measures.
+type pgbenchScript struct {
+	id, file, name string
+	defines        []string // pgbench -D name=value
+}
 
 func pgbenchScripts() []pgbenchScript {
 	return []pgbenchScript{
-		{PgFreshHot, "fresh_hot.sql", "pgbench fresh (hot account)"},
-		{PgFreshMany, "fresh_many.sql", "pgbench fresh (" + thousands(Accounts) + " accounts)"},
-		{PgReplay, "replay.sql", "pgbench replay statements"},
-		{PgSelect, "pk_select.sql", "pgbench PK select"},
+		{PgFreshHot, "fresh.sql", "pgbench fresh (hot account)", []string{"accounts=1"}},
+		{PgFreshMany, "fresh.sql", "pgbench fresh (" + thousands(Accounts) + " accounts)", []string{"accounts=" + strconv.Itoa(Accounts)}},
+		{PgReplay, "replay.sql", "pgbench replay statements", nil},
+		{PgSelect, "pk_select.sql", "pgbench PK select", nil},
 	}
 }
 
@@ -238,7 +242,11 @@ func (b *bencher) pgbench(ctx context.Context) []*Ceiling {
 		}
 		// -M prepared: pgx, the lab's driver, prepares and caches its statements too.
 		args := []string{"-n", "-M", "prepared", "-c", clients, "-j", clients, "-T", strconv.Itoa(b.seconds()),
-			"-D", "tenant=acme", "-D", "endpoint=POST /charges", "-D", "key=replayed", "-f", filepath.Join(dir, s.file), b.cfg.DatabaseURL}
+			"-D", "tenant=acme", "-D", "endpoint=POST /charges", "-D", "key=replayed"}
+		for _, d := range s.defines {
+			args = append(args, "-D", d)
+		}
+		args = append(args, "-f", filepath.Join(dir, s.file), b.cfg.DatabaseURL)
 		cmd := exec.CommandContext(ctx, bin, args...)
 		cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
 		c.Command = "pgbench " + shellJoin(args[:len(args)-3]) + " -f lab/bench/pgbench/" + s.file + " \"$DATABASE_URL\" (search_path: a scratch schema, as scripts/pgbench.sh)"

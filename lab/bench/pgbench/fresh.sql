@@ -1,11 +1,14 @@
--- A fresh-key charge on one of 1,000 accounts: statement for statement, and
--- round trip for round trip, what the postgres store (variants/postgres,
--- Store.Charge) sends for a new key (see fresh_hot.sql). The account is
--- drawn from 1,000, so balance row locks rarely meet, as in the lab's
--- many-accounts phase.
--- Variables: :tenant and :endpoint (pgbench -D), :client_id.
+-- A fresh-key charge: statement for statement, and round trip for round
+-- trip, what the postgres store (variants/postgres, Store.Charge) sends for
+-- a new key: the one-statement replay that finds nothing; BEGIN, the lock
+-- timeout and the claim in one pipeline; the ledger row; the outbox event;
+-- the balance (locked last); the stored response and COMMIT in one
+-- pipeline. The account is drawn from :accounts: with 1, every transaction
+-- adds to the same balance row and its lock serializes them, as on the
+-- lab's hot account; with 1,000 those locks rarely meet.
+-- Variables: :tenant, :endpoint and :accounts (pgbench -D), :client_id.
 \set n random(1, 1000000000000000)
-\set a random(1, 1000)
+\set a random(1, :accounts)
 SELECT response_status, response_body FROM idempotency_requests
 WHERE tenant_id = :tenant AND endpoint = :endpoint AND idempotency_key = 'pgb-' || :client_id || '-' || :n
   AND state = 'completed' AND request_fingerprint = '6f1c0f3a9d2be8e1c47f5a0b3d9e2c8f7a1b4d6e9f0c3a5b8d2e7f1a4c6b9d0e' AND expires_at > now() AND response_status IS NOT NULL;
