@@ -3,9 +3,11 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"regexp"
 	"strconv"
 	"strings"
@@ -134,14 +136,24 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		out lab.Outcome
 		err error
 	)
+	pipelined := true
 	for try := 0; try < 3; try++ {
-		out, err = s.charge(ctx, a)
+		out, err = s.charge(ctx, a, pipelined)
+		if errors.Is(err, errTakeSlowPath) {
+			pipelined = false
+			out, err = s.charge(ctx, a, pipelined)
+		}
 		if err == nil || !pgdb.ConnectionLost(err) || ctx.Err() != nil {
 			break
 		}
 	}
 	return out, err
 }
+
+// errTakeSlowPath says the pipelined charge rolled back on a case it leaves
+// to the step-by-step transaction: the charge id or the order already in
+// the ledger, or a deadlock with a twin taking the other path.
+var errTakeSlowPath = errors.New("postgres: the pipelined charge rolled back; charging step by step")
 
 // replayFast answers a retry of a completed, unexpired key with the same
 // fingerprint from one statement, outside any transaction: the most common
@@ -174,7 +186,10 @@ func (s *Store) replayFast(ctx context.Context, a lab.Attempt) (lab.Outcome, boo
 	return lab.Outcome{Response: lab.Response{Status: status, Body: body}, Replayed: true}, true, nil
 }
 
-func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err error) {
+// charge claims the key and charges behind it in one transaction. With
+// pipelined, a charge without the outbox fault is one statement sent with
+// COMMIT (chargeAndCommit); otherwise it goes statement by statement.
+func (s *Store) charge(ctx context.Context, a lab.Attempt, pipelined bool) (out lab.Outcome, err error) {
 	retention := a.Faults.RetentionOr(s.window)
 	// The whole wait is bounded: for the namespace's budget and a
 	// connection, then for a twin's lock.
@@ -243,7 +258,19 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, err
 	}
 	entry := lab.NewEntry(a, s.now())
-	c, err := pgdb.ApplyTx(ctx, conn, lab.Apply{Entry: entry, Event: lab.NewReceiptEvent(entry, a.Faults), FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
+	event := lab.NewReceiptEvent(entry, a.Faults)
+	if pipelined && !a.Faults.Has(lab.FaultOutboxFail) {
+		resp, err := s.chargeAndCommit(ctx, conn, a, entry, event)
+		if err != nil {
+			return out, err
+		}
+		committed = true
+		if a.Faults.Has(lab.FaultCrashAfterCharge) {
+			return out, lab.ErrCrash // committed; the response is lost on the way
+		}
+		return lab.Outcome{Response: resp}, nil
+	}
+	c, err := pgdb.ApplyTx(ctx, conn, lab.Apply{Entry: entry, Event: event, FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
 	var resp lab.Response
 	var oc *lab.OrderConflictError
 	switch {
@@ -287,6 +314,94 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (out lab.Outcome, err
 		return out, lab.ErrCrash // committed; the response is lost on the way
 	}
 	return lab.Outcome{Response: resp}, nil
+}
+
+// chargeAndCommit charges behind the claim in one statement, sent with
+// COMMIT in one round trip: the balance, the ledger entry (recording the
+// balance), the outbox event and the stored response, which the statement
+// completes with the balance it wrote. The account's row lock, on which its
+// charges queue, is held from that statement to the commit without waiting
+// on this process. A charge id or order already in the ledger, or a
+// deadlock, rolls it all back (errTakeSlowPath).
+func (s *Store) chargeAndCommit(ctx context.Context, conn *pgxpool.Conn, a lab.Attempt, e lab.Entry, ev *lab.Event) (lab.Response, error) {
+	c := lab.Charge{ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency, OrderID: e.OrderID, CreatedAt: e.CreatedAt}
+	before, after, ok := aroundBalance(c)
+	if !ok {
+		return lab.Response{}, errTakeSlowPath
+	}
+	var order *string
+	if e.OrderID != "" {
+		order = &e.OrderID
+	}
+	b := &pgx.Batch{}
+	b.Queue(s.q(`
+		WITH b AS (
+			INSERT INTO account_balances AS ab (tenant_id, account, balance_cents) VALUES ($1, $2, $3)
+			ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = ab.balance_cents + EXCLUDED.balance_cents
+			RETURNING balance_cents),
+		c AS (
+			INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at, balance_after_cents)
+			SELECT $4, $1, $2, $3, $5, $6, $7, $8, $9, $10, $11, b.balance_cents FROM b
+			RETURNING id),
+		o AS (
+			INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
+			SELECT $12::uuid, $13, c.id, $1, $9, $14::jsonb, $11, $11 FROM c),
+		k AS (
+			UPDATE idempotency_requests
+			SET state = 'completed', response_status = $15, resource_id = $4,
+			    response_body = $16::bytea || convert_to(b.balance_cents::text, 'UTF8') || $17::bytea
+			FROM b WHERE tenant_id = $1 AND endpoint = $18 AND idempotency_key = $7)
+		SELECT balance_cents FROM b`),
+		e.Tenant, e.Account, e.AmountCents, e.ChargeID, e.Currency, order, e.Key, e.Store, e.Run, e.Replica, e.CreatedAt,
+		ev.ID, ev.Type, string(ev.Payload), http.StatusCreated, before, after, a.Scope.Endpoint)
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	err := br.QueryRow().Scan(&c.BalanceCents)
+	if err != nil {
+		_ = br.Close() // the server skips the COMMIT; the caller's ROLLBACK ends the transaction
+		var pe *pgconn.PgError
+		switch {
+		case errors.As(err, &pe) && (pe.Code == "23505" || pe.Code == "40P01"): // unique_violation, deadlock_detected
+			return lab.Response{}, errTakeSlowPath
+		case isLockTimeout(err):
+			return lab.Response{}, fmt.Errorf("%w: the account's balance stayed locked for %s", lab.ErrStoreUnavailable, s.wait)
+		}
+		return lab.Response{}, fmt.Errorf("error charging: %w", err)
+	}
+	lab.Mark(ctx, lab.PhaseCharge)
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return lab.Response{}, fmt.Errorf("error committing charge: %w", err)
+	}
+	if tag.String() != "COMMIT" {
+		return lab.Response{}, fmt.Errorf("error committing charge: the transaction was rolled back (%s)", tag)
+	}
+	body := make([]byte, 0, len(before)+20+len(after))
+	body = append(strconv.AppendInt(append(body, before...), c.BalanceCents, 10), after...)
+	return lab.Response{Status: http.StatusCreated, Body: body}, nil
+}
+
+// aroundBalance splits the charge's response where its balance goes: the
+// same charge rendered with balances 0 and 1 differs in that one byte.
+func aroundBalance(c lab.Charge) (before, after []byte, ok bool) {
+	c.BalanceCents = 0
+	zero := lab.ChargeResponse(c).Body
+	c.BalanceCents = 1
+	one := lab.ChargeResponse(c).Body
+	if len(zero) != len(one) {
+		return nil, nil, false
+	}
+	i := 0
+	for i < len(zero) && zero[i] == one[i] {
+		i++
+	}
+	if i == len(zero) || zero[i] != '0' || one[i] != '1' || !bytes.Equal(zero[i+1:], one[i+1:]) {
+		return nil, nil, false
+	}
+	return zero[:i], zero[i+1:], true
 }
 
 // keyRow is a committed key as a loser reads it.

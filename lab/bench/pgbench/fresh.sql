@@ -1,11 +1,12 @@
 -- A fresh-key charge: statement for statement, and round trip for round
 -- trip, what the postgres store (variants/postgres, Store.Charge) sends for
 -- a new key: the one-statement replay that finds nothing; BEGIN, the lock
--- timeout and the claim in one pipeline; the ledger row; the outbox event;
--- the balance (locked last); the stored response and COMMIT in one
--- pipeline. The account is drawn from :accounts: with 1, every transaction
--- adds to the same balance row and its lock serializes them, as on the
--- lab's hot account; with 1,000 those locks rarely meet.
+-- timeout and the claim in one pipeline; then one statement (the balance,
+-- the ledger row recording it, the outbox event and the stored response
+-- completed with the balance) and COMMIT in one pipeline. The account is
+-- drawn from :accounts: with 1, every transaction adds to the same balance
+-- row and its lock serializes them, as on the lab's hot account; with 1,000
+-- those locks rarely meet.
 -- Variables: :tenant, :endpoint and :accounts (pgbench -D), :client_id.
 \set n random(1, 1000000000000000)
 \set a random(1, :accounts)
@@ -20,21 +21,23 @@ VALUES (:tenant, :endpoint, 'pgb-' || :client_id || '-' || :n, '6f1c0f3a9d2be8e1
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING true;
 \endpipeline
-INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at, fence_token)
-VALUES ('ch_pgb_' || :client_id || '_' || :n, :tenant, 'acct-' || :a, 2500, 'USD', NULL, 'pgb-' || :client_id || '-' || :n, 'postgres', 'pgbench', 'pgbench', now(), NULL)
-ON CONFLICT DO NOTHING;
-INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
-VALUES (gen_random_uuid(), 'payment_receipt_email', 'ch_pgb_' || :client_id || '_' || :n, :tenant, 'pgbench', '{"amount_cents":2500,"currency":"USD","account":"acct-1"}'::jsonb, now(), now());
+\startpipeline
 WITH b AS (
   INSERT INTO account_balances AS ab (tenant_id, account, balance_cents) VALUES (:tenant, 'acct-' || :a, 2500)
   ON CONFLICT (tenant_id, account) DO UPDATE SET balance_cents = ab.balance_cents + EXCLUDED.balance_cents
-  RETURNING balance_cents)
-UPDATE charges SET balance_after_cents = b.balance_cents FROM b WHERE charges.id = 'ch_pgb_' || :client_id || '_' || :n
-RETURNING b.balance_cents;
-\startpipeline
-UPDATE idempotency_requests SET state = 'completed', response_status = 201,
-  response_body = convert_to('{"id":"ch_pgb","account":"acct-1","amount_cents":2500,"currency":"USD","balance_cents":2500,"created_at":"2026-01-01T00:00:00Z"}', 'UTF8'),
-  resource_id = 'ch_pgb_' || :client_id || '_' || :n
-WHERE tenant_id = :tenant AND endpoint = :endpoint AND idempotency_key = 'pgb-' || :client_id || '-' || :n;
+  RETURNING balance_cents),
+c AS (
+  INSERT INTO charges (id, tenant_id, account, amount_cents, currency, order_id, idempotency_key, store, run_id, replica, created_at, balance_after_cents)
+  SELECT 'ch_pgb_' || :client_id || '_' || :n, :tenant, 'acct-' || :a, 2500, 'USD', NULL, 'pgb-' || :client_id || '-' || :n, 'postgres', 'pgbench', 'pgbench', now(), b.balance_cents FROM b
+  RETURNING id),
+o AS (
+  INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
+  SELECT gen_random_uuid(), 'payment_receipt_email', c.id, :tenant, 'pgbench', '{"amount_cents":2500,"currency":"USD","account":"acct-1"}'::jsonb, now(), now() FROM c),
+k AS (
+  UPDATE idempotency_requests SET state = 'completed', response_status = 201, resource_id = 'ch_pgb_' || :client_id || '_' || :n,
+    response_body = convert_to('{"id":"ch_pgb","account":"acct-1","amount_cents":2500,"currency":"USD","balance_cents":', 'UTF8')
+      || convert_to(b.balance_cents::text, 'UTF8') || convert_to(',"created_at":"2026-01-01T00:00:00Z"}', 'UTF8')
+  FROM b WHERE tenant_id = :tenant AND endpoint = :endpoint AND idempotency_key = 'pgb-' || :client_id || '-' || :n)
+SELECT balance_cents FROM b;
 COMMIT;
 \endpipeline
