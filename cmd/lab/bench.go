@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,6 +37,7 @@ type benchFlags struct {
 	markdown    bool
 	smoke       bool
 	attemptRuns int
+	cpuProfile  string
 }
 
 // runBench loads a lab of its own (started with the same configuration as
@@ -64,6 +66,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&f.markdown, "markdown", false, "print the table as markdown for a README, after the command line that reproduces it")
 	fs.BoolVar(&f.smoke, "smoke", false, "a very short run: 300ms phases, memory and unsafe unless -stores, only the Echo ceiling, 2 runs of 64 attempts")
 	fs.IntVar(&f.attemptRuns, "attempt-runs", 9, "64-attempt lab runs per store, for their median wall time and barrier spread")
+	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the lab, its load generator and its clients) to this file, for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -156,6 +159,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer cancel()
 		_ = a.Close(sctx)
 	}()
+	if f.cpuProfile != "" {
+		stop, err := startCPUProfile(f.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	pub := a.Public()
 	res, err := bench.Run(ctx, bench.Config{
 		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books(),
@@ -163,7 +173,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				st, err := a.Provider().Stats(ctx, provider.Filter{})
 				return st.WebhooksQueued, err
 			},
-			DropConnections: a.DropConnections},
+			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
 		AttemptRuns: f.attemptRuns, Command: reproduce(args, os.LookupEnv),
@@ -359,4 +369,20 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// startCPUProfile profiles the process into path until stop is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("error creating %s: %w", path, err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("error starting the CPU profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
 }

@@ -441,6 +441,10 @@ func (a *App) Close(ctx context.Context) error {
 // never crowd the server's connection limit in the next.
 func (a *App) DropConnections() { a.resetPools() }
 
+// HoldDelivery stops (true) or resumes (false) this process's outbox relay:
+// charges still write their events, which wait until it resumes.
+func (a *App) HoldDelivery(held bool) { a.relay.Hold(held) }
+
 // resetPools drops every pool's connections, after store_restart killed
 // this lab's database sessions.
 func (a *App) resetPools() {

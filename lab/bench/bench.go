@@ -49,6 +49,10 @@ type Lab struct {
 	// DropConnections, when set, closes the lab's idle PostgreSQL
 	// connections once a phase has settled (see Config.Connections).
 	DropConnections func()
+	// HoldDelivery, when set, stops (true) and resumes (false) the lab's
+	// outbox relay: a fresh phase measures the charge path alone, as
+	// pgbench does its statements, and the relay's drain is timed after.
+	HoldDelivery func(held bool)
 }
 
 // Config says what to measure.

@@ -14,12 +14,14 @@ import (
 
 // books is a ledger of fixed charges: run -> charge ids, key -> charges.
 type books struct {
-	runs map[string][]string
-	keys map[string]int
+	runs        map[string][]string
+	keys        map[string]int
+	undelivered int // of the run's events (one per charge), not delivered
 }
 
 func (f books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
-	return lab.RunStats{Charges: len(f.runs[run])}, nil
+	n := len(f.runs[run])
+	return lab.RunStats{Charges: n, OutboxEvents: n, Delivered: n - f.undelivered}, nil
 }
 
 func (f books) KeyCharges(_ context.Context, _ string, _ lab.StoreName, key string) (lab.KeyTally, error) {
@@ -46,22 +48,24 @@ func (f books) OutboxStats(context.Context, lab.Namespace) (lab.OutboxStats, err
 func TestChecksCatchWhatTheLedgerDisagreesWith(t *testing.T) {
 	answered := map[string]string{"k1": "c1", "k2": "c2"}
 	for _, tc := range []struct {
-		name  string
-		keyed bool
-		runs  []string
-		keys  map[string]int
-		want  string // "" holds
+		name        string
+		keyed       bool
+		runs        []string
+		keys        map[string]int
+		undelivered int
+		want        string // "" holds
 	}{
-		{"one charge per key", true, []string{"c1", "c2"}, map[string]int{"k1": 1, "k2": 1}, ""},
-		{"a key charged twice", true, []string{"c1", "c2", "c3"}, map[string]int{"k1": 2, "k2": 1}, "3 charges of the run for 2 distinct keys"},
-		{"a charge nobody was answered", true, []string{"c1", "c2", "c9"}, map[string]int{"k1": 1, "k2": 1}, "no 201 answered"},
-		{"an answered charge missing", true, []string{"c1"}, map[string]int{"k1": 1}, "not in the ledger"},
-		{"the same charge twice", true, []string{"c1", "c1"}, map[string]int{"k1": 1, "k2": 1}, "more than once"},
-		{"unsafe, one charge per 201", false, []string{"c1", "c2"}, nil, ""},
-		{"unsafe, a charge too many", false, []string{"c1", "c2", "c3"}, nil, "3 charges of the run for 2 201 answers"},
+		{"one charge per key", true, []string{"c1", "c2"}, map[string]int{"k1": 1, "k2": 1}, 0, ""},
+		{"a key charged twice", true, []string{"c1", "c2", "c3"}, map[string]int{"k1": 2, "k2": 1}, 0, "3 charges of the run for 2 distinct keys"},
+		{"a charge nobody was answered", true, []string{"c1", "c2", "c9"}, map[string]int{"k1": 1, "k2": 1}, 0, "no 201 answered"},
+		{"an answered charge missing", true, []string{"c1"}, map[string]int{"k1": 1}, 0, "not in the ledger"},
+		{"the same charge twice", true, []string{"c1", "c1"}, map[string]int{"k1": 1, "k2": 1}, 0, "more than once"},
+		{"unsafe, one charge per 201", false, []string{"c1", "c2"}, nil, 0, ""},
+		{"unsafe, a charge too many", false, []string{"c1", "c2", "c3"}, nil, 0, "3 charges of the run for 2 201 answers"},
+		{"an event never delivered", true, []string{"c1", "c2"}, map[string]int{"k1": 1, "k2": 1}, 1, "2 events of the run, 1 delivered, for 2 charges"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := &bencher{cfg: Config{Lab: Lab{Books: books{runs: map[string][]string{"r": tc.runs}, keys: tc.keys}}}}
+			b := &bencher{cfg: Config{Lab: Lab{Books: books{runs: map[string][]string{"r": tc.runs}, keys: tc.keys, undelivered: tc.undelivered}}}}
 			c := b.checkFresh(context.Background(), &Phase{Store: "memory", Run: "r", keyed: tc.keyed}, len(answered), answered, nil)
 			got := strings.Join(c.Failures, "; ")
 			switch {

@@ -40,6 +40,9 @@ type Phase struct {
 	// before it began; PendingAtStart the events still pending then.
 	SettleMS       float64 `json:"settle_ms"`
 	PendingAtStart int     `json:"outbox_pending_at_start"`
+	// Delivery is how the relay, held during a fresh phase, delivered the
+	// phase's events once resumed.
+	Delivery *Delivery `json:"delivery,omitempty"`
 	// Check is what the ledger says of the phase's charges.
 	Check *Check `json:"ledger_check,omitempty"`
 	// Error says why the phase could not run.
@@ -48,6 +51,15 @@ type Phase struct {
 	Ceilings []Pairing `json:"ceilings,omitempty"`
 
 	keyed bool // the store dedupes on the key
+}
+
+// Delivery is the outbox drained after a fresh phase: its events delivered
+// by the relay (and the provider's webhooks answered) in DrainMS.
+type Delivery struct {
+	Held    bool    `json:"held"` // the relay was held during the phase
+	Events  int     `json:"events"`
+	DrainMS float64 `json:"drain_ms"`
+	PerSec  float64 `json:"per_s"`
 }
 
 // Stats are one vegeta attack's figures.
@@ -189,7 +201,21 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 			}
 			answered[key] = c.ID
 		}
+		hold := b.cfg.Lab.HoldDelivery
+		if hold != nil {
+			hold(true)
+			defer hold(false)
+		}
 		if err := b.attack(ctx, tr, p.Run, &p.Stats, observe); err != nil {
+			return err
+		}
+		if hold != nil {
+			hold(false)
+		}
+		// The relay delivers what the phase left; the ledger check then
+		// finds every charge's event delivered.
+		drained, _, err := b.settle(ctx)
+		if err != nil {
 			return err
 		}
 		var bad []string
@@ -197,6 +223,10 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 			bad = append(bad, fmt.Sprintf("%d answers 201 named no key or no charge id (such as %q)", unread, example))
 		}
 		p.Check = b.checkFresh(ctx, p, count201, answered, bad)
+		if p.Check.Charges > 0 {
+			ms := float64(drained.Microseconds()) / 1000
+			p.Delivery = &Delivery{Held: hold != nil, Events: p.Check.Charges, DrainMS: ms, PerSec: float64(p.Check.Charges) / max(ms/1000, 1e-3)}
+		}
 		return nil
 	}
 	// Replay: the key is charged (on each replica, for a store whose
@@ -248,7 +278,9 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 	return nil
 }
 
-// maxSettle bounds the wait for the outbox to drain before a phase.
+// maxSettle bounds the wait for the outbox to drain, unless the phases are
+// so long that the relay needs longer for one's events (it delivers about
+// a thousand a second with its default settings).
 const maxSettle = 30 * time.Second
 
 // settle waits until the relay has delivered every pending event of the
@@ -268,7 +300,7 @@ func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int
 				return time.Since(began), 0, fmt.Errorf("bench: error reading the provider's webhook queue: %w", err)
 			}
 		}
-		if st.Pending == 0 && queued == 0 || time.Since(began) > maxSettle {
+		if st.Pending == 0 && queued == 0 || time.Since(began) > max(maxSettle, 5*b.cfg.Duration) {
 			if drop := b.cfg.Lab.DropConnections; drop != nil {
 				drop()
 			}
@@ -366,6 +398,12 @@ func (b *bencher) checkFresh(ctx context.Context, p *Phase, count201 int, answer
 		return c
 	}
 	c.Charges = stats.Charges
+	// Every charge of a keyed store wrote one outbox event, which the relay
+	// delivered once the phase settled. (unsafe sends its effects at once,
+	// outside any transaction: that is its lesson.)
+	if p.keyed && (stats.OutboxEvents != stats.Charges || stats.Delivered != stats.Charges) {
+		c.Failures = append(c.Failures, fmt.Sprintf("the outbox holds %d events of the run, %d delivered, for %d charges", stats.OutboxEvents, stats.Delivered, stats.Charges))
+	}
 	want, what := count201, "201 answers"
 	if p.keyed {
 		want, what = len(answered), "distinct keys answered 201"

@@ -299,10 +299,13 @@ func (r *Result) notes() []string {
 	}
 	if checked > 0 {
 		if held == checked {
-			out = append(out, fmt.Sprintf("ledger: all %d phases hold: each key answered 201 has exactly one charge and the run's charges are exactly those answered (unsafe: one charge per 201); a replay charged nothing.", checked))
+			out = append(out, fmt.Sprintf("ledger: all %d phases hold: each key answered 201 has exactly one charge and the run's charges are exactly those answered (unsafe: one charge per 201), each (but unsafe's) with one outbox event, delivered; a replay charged nothing.", checked))
 		} else {
 			out = append(out, fmt.Sprintf("ledger: %d of %d phases FAILED their check.", checked-held, checked))
 		}
+	}
+	if line := r.deliveryNote(); line != "" {
+		out = append(out, line)
 	}
 	for _, s := range r.Skipped {
 		what := "skipped"
@@ -342,6 +345,29 @@ func (r *Result) notes() []string {
 		out = append(out, line)
 	}
 	return out
+}
+
+// deliveryNote summarises how fast the relay drained the fresh phases'
+// events once resumed.
+func (r *Result) deliveryNote() string {
+	var rates []float64
+	held := false
+	for _, p := range r.Phases {
+		if p.Delivery != nil {
+			rates = append(rates, p.Delivery.PerSec)
+			held = held || p.Delivery.Held
+		}
+	}
+	if len(rates) == 0 {
+		return ""
+	}
+	slices.Sort(rates)
+	how := "drained"
+	if held {
+		how = "held during each fresh phase, so the phase measures the charge path alone as pgbench does its statements; resumed, it drained"
+	}
+	return fmt.Sprintf("delivery: the outbox relay was %s each phase's events (relay → provider → its webhooks) at %s–%s events/s, median %s",
+		how, perSec(rates[0]), perSec(rates[len(rates)-1]), perSec(median(rates)))
 }
 
 // codes writes a status histogram, most frequent first, and the first error.

@@ -207,3 +207,58 @@ func TestNewRejectsBadSettings(t *testing.T) {
 		})
 	}
 }
+
+// claimCounter counts the relay's claims on the outbox.
+type claimCounter struct {
+	books
+	claims atomic.Int32
+}
+
+func (c *claimCounter) ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
+	c.claims.Add(1)
+	return c.books.ClaimDue(ctx, limit, lease)
+}
+
+// TestHeldRelayClaimsNothingUntilResumed runs a relay held from the start
+// on a 1 ms tick: the event waits in the outbox, unclaimed, however many
+// ticks pass; resumed, the relay delivers it.
+func TestHeldRelayClaimsNothingUntilResumed(t *testing.T) {
+	c := labtest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	b := &claimCounter{books: inmem.NewBooks(c.Now)}
+	charge(t, b.books, c, "k-held")
+	cfg := relay.Defaults()
+	cfg.Interval = time.Millisecond
+	r := newRelayWith(t, b, newReceiver(t), c, cfg)
+	r.Hold(true)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		r.Run(ctx)
+		close(done)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	time.Sleep(50 * time.Millisecond) // some ticks pass while held
+	if n := b.claims.Load(); n != 0 {
+		t.Fatalf("a held relay claimed %d times", n)
+	}
+	if st, err := b.OutboxStats(ctx, ""); err != nil || st.Pending != 1 {
+		t.Fatalf("outbox %+v (%v), want the event pending", st, err)
+	}
+	r.Hold(false)
+	for {
+		st, err := b.OutboxStats(ctx, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Delivered == 1 && st.Pending == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if r.Counts().Delivered != 1 {
+		t.Fatalf("counts %+v, want one delivered", r.Counts())
+	}
+}
