@@ -31,6 +31,9 @@ type Store struct {
 	lease  time.Duration // default lifetime of a claim
 	now    lab.Clock
 	log    *slog.Logger
+	// wake lets this process's twins of a claim look again as soon as it
+	// settles here, rather than at their next poll.
+	wake lab.Wakeups
 }
 
 // Config configures a Store; every field is required.
@@ -81,6 +84,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 	retention := a.Faults.RetentionOr(s.window)
 	deadline := time.Now().Add(s.wait)
+	backoff := 5 * time.Millisecond // a twin's work takes milliseconds: look again soon, then less often
 	var cl claim
 	for {
 		won, r, err := s.claim(ctx, a, lease, retention)
@@ -97,14 +101,16 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			// Still working under a live lease: say where to look.
 			return lab.Outcome{Pending: &lab.Operation{Key: a.Scope.Key, State: lab.KeyInFlight, Token: r.token, LeaseExpires: r.leaseExpires.UTC()}}, nil
 		default:
-			if err := lab.Sleep(ctx, 20*time.Millisecond); err != nil {
+			if err := s.wake.Wait(ctx, wakeKey(a.Scope), backoff); err != nil {
 				return lab.Outcome{}, err
 			}
+			backoff = min(2*backoff, 20*time.Millisecond)
 			continue
 		}
 		break
 	}
-	lab.Mark(ctx, lab.PhaseClaim) // phase one committed
+	defer s.wake.Settled(wakeKey(a.Scope)) // however it ends, twins here look again now
+	lab.Mark(ctx, lab.PhaseClaim)          // phase one committed
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays until its lease ends; then a retry takes over
 	}
@@ -132,6 +138,9 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 	return out, nil
 }
+
+// wakeKey names a key among the waits of this process.
+func wakeKey(sc lab.Scope) string { return sc.Tenant + "\x00" + sc.Endpoint + "\x00" + sc.Key }
 
 // claim is phase one, committed at once: a new key, or the take-over of a
 // key whose lease ran out (or whose retention ended), with the next token.

@@ -33,6 +33,9 @@ type Store struct {
 	// onPair is this store on the lab's primary and replica pair, for the
 	// attempts of a failover run; nil without a pair.
 	onPair *Store
+	// wake lets this process's twins of a claim look again as soon as it
+	// settles here, rather than at their next poll.
+	wake lab.Wakeups
 }
 
 // Config configures a Store; every field but Where is required.
@@ -63,10 +66,10 @@ func New(cfg Config) (*Store, error) {
 	s := &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
 		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: cfg.Now}
 	if cfg.Pair != nil {
-		pair := *s
-		pair.client, pair.where = cfg.Pair, "the lab's primary and replica pair"
-		pair.onPair = &pair // on the pair, every attempt stays there
-		s.onPair = &pair
+		pair := &Store{client: cfg.Pair, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
+			claimTTL: cfg.ClaimTTL, where: "the lab's primary and replica pair", now: cfg.Now}
+		pair.onPair = pair // on the pair, every attempt stays there
+		s.onPair = pair
 	}
 	return s, nil
 }
@@ -215,7 +218,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		ttl = a.Faults.ClaimTTL
 	}
 	deadline := time.Now().Add(s.wait)
-	backoff := 5 * time.Millisecond
+	backoff := 2 * time.Millisecond
 	for {
 		a.ChargeID = lab.NewChargeID()
 		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now(), a.ChargeID)
@@ -259,16 +262,17 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		if left <= 0 {
 			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 		}
-		if err := lab.Sleep(ctx, min(backoff, left)); err != nil {
+		if err := s.wake.Wait(ctx, k, min(backoff, left)); err != nil {
 			return lab.Outcome{}, err
 		}
-		backoff = min(2*backoff, 100*time.Millisecond)
+		backoff = min(backoff*3/2, 100*time.Millisecond)
 	}
 }
 
 // perform charges behind a claim. An inherited claim carries the charge id
 // of an unsettled key, which must never be given up on a failure.
 func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inherited bool) (lab.Outcome, error) {
+	defer s.wake.Settled(k) // completed, released, kept unsettled or left behind: twins here look again now
 	lab.Mark(ctx, lab.PhaseClaim)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
