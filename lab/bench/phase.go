@@ -223,7 +223,7 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 			bad = append(bad, fmt.Sprintf("%d answers 201 named no key or no charge id (such as %q)", unread, example))
 		}
 		p.Check = b.checkFresh(ctx, p, count201, answered, bad)
-		if p.Check.Charges > 0 {
+		if p.keyed && p.Check.Charges > 0 { // unsafe's effects bypass the outbox
 			ms := float64(drained.Microseconds()) / 1000
 			p.Delivery = &Delivery{Held: hold != nil, Events: p.Check.Charges, DrainMS: ms, PerSec: float64(p.Check.Charges) / max(ms/1000, 1e-3)}
 		}
