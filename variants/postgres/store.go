@@ -412,12 +412,18 @@ type keyRow struct {
 	expired            bool
 }
 
+// readKeySQL reads a key row as a loser sees it ($1..$3 the scope, $4 now).
+const readKeySQL = `
+	SELECT request_fingerprint, state, response_status, response_body, expires_at <= $4
+	FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`
+
+func (k *keyRow) scan(row pgx.Row) error {
+	return row.Scan(&k.fingerprint, &k.state, &k.status, &k.body, &k.expired)
+}
+
 func (s *Store) readKey(ctx context.Context, tx pgdb.Querier, sc lab.Scope, now time.Time) (keyRow, error) {
 	var k keyRow
-	err := tx.QueryRow(ctx, s.q(`
-		SELECT request_fingerprint, state, response_status, response_body, expires_at <= $4
-		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
-		sc.Tenant, sc.Endpoint, sc.Key, now).Scan(&k.fingerprint, &k.state, &k.status, &k.body, &k.expired)
+	err := k.scan(tx.QueryRow(ctx, s.q(readKeySQL), sc.Tenant, sc.Endpoint, sc.Key, now))
 	return k, err
 }
 
@@ -435,11 +441,20 @@ func (s *Store) claim(ctx context.Context, tx *pgxpool.Conn, a lab.Attempt, now 
 			VALUES ($1, $2, $3, $4, 'in_flight', $6::timestamptz, $6::timestamptz + make_interval(secs => $5))
 			ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 			RETURNING true`)
-		var err error
+		var (
+			err  error
+			row  keyRow
+			read error
+		)
 		if try == 0 {
-			err = begin(ctx, tx, lockTimeoutMS, insert, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now)
+			// The key's row comes in the same round trip: a twin that waited
+			// on the INSERT, or a replay, answers from it at once.
+			row, read, err = s.begin(ctx, tx, lockTimeoutMS, insert, sc, a.Fingerprint, retention.Seconds(), now)
 		} else {
 			err = tx.QueryRow(ctx, insert, sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, retention.Seconds(), now).Scan(new(bool))
+			if errors.Is(err, pgx.ErrNoRows) {
+				row, read = s.readKey(ctx, tx, sc, now)
+			}
 		}
 		if err == nil {
 			return true, keyRow{}, nil
@@ -447,7 +462,7 @@ func (s *Store) claim(ctx context.Context, tx *pgxpool.Conn, a lab.Attempt, now 
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return false, keyRow{}, fmt.Errorf("error claiming key: %w", err)
 		}
-		row, err := s.readKey(ctx, tx, sc, now)
+		err = read
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			continue // swept between the two statements: insert again
@@ -478,14 +493,17 @@ func (s *Store) claim(ctx context.Context, tx *pgxpool.Conn, a lab.Attempt, now 
 	return false, keyRow{}, &lab.InProgressError{RetryAfter: time.Second}
 }
 
-// begin sends BEGIN, the transaction's lock timeout and the claim's INSERT
-// in one round trip, and returns the INSERT's answer (pgx.ErrNoRows when
-// the key exists).
-func begin(ctx context.Context, conn *pgxpool.Conn, lockTimeoutMS, insert string, args ...any) error {
+// begin sends BEGIN, the transaction's lock timeout, the claim's INSERT
+// and a read of the key's row in one round trip. It returns the INSERT's
+// answer last (pgx.ErrNoRows when the key exists), and before it the row
+// as the read found it once the INSERT was done: committed by a twin it
+// waited for, or this transaction's own claim (not used).
+func (s *Store) begin(ctx context.Context, conn *pgxpool.Conn, lockTimeoutMS, insert string, sc lab.Scope, fingerprint string, retentionSecs float64, now time.Time) (row keyRow, readErr, claimErr error) {
 	b := &pgx.Batch{}
 	b.Queue("BEGIN ISOLATION LEVEL READ COMMITTED")
 	b.Queue("SELECT set_config('lock_timeout', $1, true)", lockTimeoutMS) // SET LOCAL, with a parameter
-	b.Queue(insert, args...)
+	b.Queue(insert, sc.Tenant, sc.Endpoint, sc.Key, fingerprint, retentionSecs, now)
+	b.Queue(s.q(readKeySQL), sc.Tenant, sc.Endpoint, sc.Key, now)
 	br := conn.SendBatch(ctx, b)
 	_, err := br.Exec()
 	if err != nil {
@@ -494,11 +512,14 @@ func begin(ctx context.Context, conn *pgxpool.Conn, lockTimeoutMS, insert string
 		err = fmt.Errorf("error setting lock_timeout: %w", err)
 	} else {
 		err = br.QueryRow().Scan(new(bool))
+		if err == nil || errors.Is(err, pgx.ErrNoRows) {
+			readErr = row.scan(br.QueryRow())
+		}
 	}
 	if cerr := br.Close(); err == nil && cerr != nil {
 		err = fmt.Errorf("error beginning transaction: %w", cerr)
 	}
-	return err
+	return row, readErr, err
 }
 
 // replay answers from the committed row: the stored response, or 422.

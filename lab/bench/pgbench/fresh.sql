@@ -1,12 +1,12 @@
 -- A fresh-key charge: statement for statement, and round trip for round
 -- trip, what the postgres store (variants/postgres, Store.Charge) sends for
 -- a new key: the one-statement replay that finds nothing; BEGIN, the lock
--- timeout and the claim in one pipeline; then one statement (the balance,
--- the ledger row recording it, the outbox event and the stored response
--- completed with the balance) and COMMIT in one pipeline. The account is
--- drawn from :accounts: with 1, every transaction adds to the same balance
--- row and its lock serializes them, as on the lab's hot account; with 1,000
--- those locks rarely meet.
+-- timeout, the claim and a read of the key's row in one pipeline; then one
+-- statement (the balance, the ledger row recording it, the outbox event
+-- and the stored response completed with the balance) and COMMIT in one
+-- pipeline. The account is drawn from :accounts: with 1, every transaction
+-- adds to the same balance row and its lock serializes them, as on the
+-- lab's hot account; with 1,000 those locks rarely meet.
 -- Variables: :tenant, :endpoint and :accounts (pgbench -D), :client_id.
 \set n random(1, 1000000000000000)
 \set a random(1, :accounts)
@@ -20,6 +20,8 @@ INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_
 VALUES (:tenant, :endpoint, 'pgb-' || :client_id || '-' || :n, '6f1c0f3a9d2be8e1c47f5a0b3d9e2c8f7a1b4d6e9f0c3a5b8d2e7f1a4c6b9d0e', 'in_flight', now(), now() + make_interval(secs => 86400))
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING true;
+SELECT request_fingerprint, state, response_status, response_body, expires_at <= now()
+FROM idempotency_requests WHERE tenant_id = :tenant AND endpoint = :endpoint AND idempotency_key = 'pgb-' || :client_id || '-' || :n;
 \endpipeline
 \startpipeline
 WITH b AS (
