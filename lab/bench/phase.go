@@ -279,9 +279,10 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 }
 
 // maxSettle bounds the wait for the outbox to drain, unless the phases are
-// so long that the relay needs longer for one's events (it delivers about
-// a thousand a second with its default settings).
-const maxSettle = 30 * time.Second
+// so long that the relay needs longer for one's events: with its default
+// settings it delivers a few hundred a second, a quarter of what a fresh
+// phase can charge, so a 5 s phase's events take up to half a minute.
+const maxSettle = 2 * time.Minute
 
 // settle waits until the relay has delivered every pending event of the
 // namespace and the provider has sent its webhooks (bounded by maxSettle),
@@ -300,7 +301,7 @@ func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int
 				return time.Since(began), 0, fmt.Errorf("bench: error reading the provider's webhook queue: %w", err)
 			}
 		}
-		if st.Pending == 0 && queued == 0 || time.Since(began) > max(maxSettle, 5*b.cfg.Duration) {
+		if st.Pending == 0 && queued == 0 || time.Since(began) > max(maxSettle, 20*b.cfg.Duration) {
 			if drop := b.cfg.Lab.DropConnections; drop != nil {
 				drop()
 			}
