@@ -11,10 +11,29 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 )
+
+// storeOnOwnSchema returns a store on a schema of its own, with the bounded wait
+// and clock given, and its pool.
+func storeOnOwnSchema(t *testing.T, wait time.Duration, now lab.Clock) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	url, schema := labtest.Postgres(t)
+	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 8, Migrate: true, AppName: "lab-test-" + schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	s, err := New(Config{Table: DefaultTable, Pool: pool, Window: time.Hour, Wait: wait, AppName: "lab-test-" + schema, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pool
+}
 
 // TestFastReplayNeverAnswersWhatTheTransactionWouldNot puts every kind of
 // key row in the table (state, fingerprint, expiry, stored status) and asks
@@ -24,18 +43,9 @@ import (
 // is left to the transaction.
 func TestFastReplayNeverAnswersWhatTheTransactionWouldNot(t *testing.T) {
 	t.Parallel()
-	url, schema := labtest.Postgres(t)
 	ctx := context.Background()
-	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: url, Schema: schema, Size: 8, Migrate: true, AppName: "lab-test-" + schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
 	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	s, err := New(Config{Table: DefaultTable, Pool: pool, Window: time.Hour, Wait: 200 * time.Millisecond, AppName: "lab-test-" + schema, Now: func() time.Time { return now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, pool := storeOnOwnSchema(t, 200*time.Millisecond, func() time.Time { return now })
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}
 	other := lab.ChargeRequest{Account: "acct-1", AmountCents: 2600, Currency: "USD"}
 	i := 0
@@ -92,17 +102,8 @@ func TestFastReplayNeverAnswersWhatTheTransactionWouldNot(t *testing.T) {
 // whole and leaves the answer to the step-by-step transaction.
 func TestPipelinedChargeAnswersWhatItStores(t *testing.T) {
 	t.Parallel()
-	url, schema := labtest.Postgres(t)
 	ctx := context.Background()
-	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: url, Schema: schema, Size: 8, Migrate: true, AppName: "lab-test-" + schema})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	s, err := New(Config{Table: DefaultTable, Pool: pool, Window: time.Hour, Wait: 2 * time.Second, AppName: "lab-test-" + schema, Now: time.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, pool := storeOnOwnSchema(t, 2*time.Second, time.Now)
 	attempt := func(key string, req lab.ChargeRequest) lab.Attempt {
 		return lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Fingerprint: req.Fingerprint(), Store: Name, Run: "run-pipelined"}
 	}
