@@ -2,8 +2,8 @@
 # cluster.sh: run a local three-replica lab cluster behind the front, without
 # Docker, and show which stores hold when retries land on different replicas.
 #
-#   scripts/cluster.sh          build, start, compare the stores, print the
-#                               breakage matrix, stop everything
+#   scripts/cluster.sh          build, start, compare every registered design,
+#                               print the breakage matrix, stop everything
 #   scripts/cluster.sh --keep   the same, then keep the cluster running until
 #                               Ctrl-C (point scripts/walkthrough.sh or curl
 #                               at the front), and leave its schema and Redis
@@ -253,27 +253,50 @@ call() {
 call "$front/reset-lab" "$tmp/reset.json" -X POST "${auth[@]}"
 echo "lab reset through the front"
 
-echo
-echo "9 concurrent retries of one charge, spread over 3 replicas, per store:"
+# The comparison runs every design the cluster registers, as its index lists
+# them: unsafe through /charge-unsafe, the others through /charge-idempotent.
+call "$front/" "$tmp/index.json" -H "Accept: application/json"
 stamp="$(date +%s)-$$"
-stores=(unsafe memory redis postgres)
-for store in "${stores[@]}"; do
-	key="cluster-$store-$stamp"
-	if [[ $store == unsafe ]]; then
-		url="$front/charge-unsafe?key=$key&replicas=3&attempts=9"
-	else
-		url="$front/charge-idempotent?store=$store&key=$key&replicas=3&attempts=9"
-	fi
-	call "$url" "$tmp/run-$store.json"
+mapfile -t runs < <(python3 - "$tmp/index.json" "$front" "$stamp" <<'PY'
+import json, sys
+from urllib.parse import quote, urlencode
+
+with open(sys.argv[1]) as f:
+    index = json.load(f)
+front, stamp = sys.argv[2], sys.argv[3]
+for i, v in enumerate(index.get("variants") or []):
+    if not v.get("available"):
+        continue
+    name = v["name"]
+    query = {"key": f"cluster-{name}-{stamp}", "replicas": 3, "attempts": 9}
+    if name == "unsafe":
+        path = "/charge-unsafe"
+    else:
+        path, query = "/charge-idempotent", {"store": name, **query}
+    print(f"{i}\t{front}{path}?{urlencode(query, quote_via=quote)}")  # redis+postgres: redis%2Bpostgres
+PY
+)
+((${#runs[@]} > 0)) || die "the front's index ($front/) lists no available design"
+
+echo
+echo "9 concurrent retries of one charge, spread over 3 replicas, per design:"
+for run in "${runs[@]}"; do
+	call "${run#*$'\t'}" "$tmp/run-${run%%$'\t'*}.json"
 done
-python3 - "$tmp" "${stores[@]}" <<'PY'
+python3 - "$tmp" <<'PY'
 import json, os, sys
 
+with open(os.path.join(sys.argv[1], "index.json")) as f:
+    variants = json.load(f)["variants"]
 rows = [("store", "attempts", "replicas", "charges_applied", "verdict", "explanation")]
-for store in sys.argv[2:]:
-    with open(os.path.join(sys.argv[1], f"run-{store}.json")) as f:
+for i, v in enumerate(variants):
+    if not v.get("available"):
+        how = v.get("how_to_enable") or "no reason given"
+        rows.append((v["name"], "-", "-", "-", "n/a", "unavailable: " + how))
+        continue
+    with open(os.path.join(sys.argv[1], f"run-{i}.json")) as f:
         r = json.load(f)
-    rows.append((store, str(r["attempts"]), str(r["replicas"]), str(r["charges_applied"]),
+    rows.append((v["name"], str(r["attempts"]), str(r["replicas"]), str(r["charges_applied"]),
                  r["verdict"], r.get("explanation", "")))
 widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
 for row in rows:
