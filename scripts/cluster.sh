@@ -19,12 +19,25 @@
 #   LAB_PG_SCHEMA     the lab's own PostgreSQL schema [idempotency_lab_cluster]
 #   LAB_REDIS_PREFIX  prefix of the lab's Redis keys [idempotency-lab-cluster:]
 #   LAB_ADMIN_TOKEN   sent to /reset-lab when set (and required by the replicas)
-#   CLUSTER_WAIT      seconds to wait for the cluster to answer [60]
+#   CLUSTER_WAIT      seconds to wait for the cluster (and the Redis pair)
+#                     to answer [60]
+#   CLUSTER_REDIS_PAIR
+#                     on: start a throwaway Redis primary and replica
+#                     (redis-server and redis-cli) that every replica
+#                     fails over in the matrix's failover row; off: no pair,
+#                     that row stays n/a [on]
+#   CLUSTER_REDIS_PAIR_PORTS
+#                     the pair's loopback ports, primary then replica
+#                     [two free ports, picked at start]
+#   LAB_REDIS_PAIR_PRIMARY, LAB_REDIS_PAIR_REPLICA
+#                     redis:// URLs of a running primary and its replica to
+#                     give every replica instead of starting a pair [none]
 #
 # It touches only its schema and its Redis prefix, and drops both on exit
-# (psql and redis-cli, when installed; --keep keeps them). Every process it starts is
-# stopped on exit, on error and on Ctrl-C / SIGTERM; their logs are in a temp
-# directory, shown (tail) when something fails.
+# (psql and redis-cli, when installed; --keep keeps them); the pair it starts
+# keeps nothing on disk. Every process it starts is stopped on exit, on error
+# and on Ctrl-C / SIGTERM; their logs are in a temp directory, shown (tail)
+# when something fails.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "${BASH_SOURCE[0]}"; }
@@ -54,6 +67,10 @@ pg_schema="${LAB_PG_SCHEMA:-idempotency_lab_cluster}"
 redis_prefix="${LAB_REDIS_PREFIX:-idempotency-lab-cluster:}"
 admin_token="${LAB_ADMIN_TOKEN:-}"
 wait_seconds="${CLUSTER_WAIT:-60}"
+pair_mode="${CLUSTER_REDIS_PAIR:-on}"
+IFS=', ' read -r -a pair_ports <<<"${CLUSTER_REDIS_PAIR_PORTS:-}"
+pair_primary="${LAB_REDIS_PAIR_PRIMARY:-}"
+pair_replica="${LAB_REDIS_PAIR_REPLICA:-}"
 front="http://127.0.0.1:$front_port"
 
 die() {
@@ -69,40 +86,70 @@ for p in "${ports[@]}" "$front_port"; do
 		die "invalid port '$p' (CLUSTER_PORTS / FRONT_PORT)"
 	fi
 done
+case "$pair_mode" in
+on | off) ;;
+*) die "CLUSTER_REDIS_PAIR must be on or off (got '$pair_mode')" ;;
+esac
+if [[ ${#pair_ports[@]} -ne 0 && ${#pair_ports[@]} -ne 2 ]]; then
+	die "CLUSTER_REDIS_PAIR_PORTS must name 2 ports (got '${CLUSTER_REDIS_PAIR_PORTS:-}')"
+fi
+for p in "${pair_ports[@]}"; do
+	if ! [[ $p =~ ^[0-9]+$ ]] || ((p < 1 || p > 65535)); then
+		die "invalid port '$p' (CLUSTER_REDIS_PAIR_PORTS)"
+	fi
+	for q in "${ports[@]}" "$front_port"; do
+		((p != q)) || die "CLUSTER_REDIS_PAIR_PORTS and CLUSTER_PORTS / FRONT_PORT share port $p"
+	done
+done
+if [[ ${#pair_ports[@]} -eq 2 && ${pair_ports[0]} == "${pair_ports[1]}" ]]; then
+	die "CLUSTER_REDIS_PAIR_PORTS must name 2 different ports"
+fi
+if [[ -n $pair_primary && -z $pair_replica ]] || [[ -z $pair_primary && -n $pair_replica ]]; then
+	die "give both LAB_REDIS_PAIR_PRIMARY and LAB_REDIS_PAIR_REPLICA, or neither"
+fi
 for tool in go curl python3; do
 	command -v "$tool" >/dev/null || die "$tool is required but not installed"
 done
 
 tmp="$(mktemp -d "${TMPDIR:-/tmp}/lab-cluster.XXXXXX")"
-pids=()    # the lab processes: replicas, then the front
-helpers=() # long foreground commands run in the background so signals act at once
-failed=0   # print the logs' tails on exit
+pids=()      # the lab processes: replicas, then the front
+pair_pids=() # the Redis pair this script started: primary, then replica
+helpers=()   # long foreground commands run in the background so signals act at once
+failed=0     # print the logs' tails on exit
 
-# stop_all terminates every process this script started, waits for them
-# (bounded; SIGKILL after 15 s), removes the temp dir and checks that none
-# of the lab processes is still alive.
+# stop_pids PID...: SIGTERM, SIGKILL for those still there after 15 s, then
+# reap them.
+stop_pids() {
+	local pid alive=() i
+	(($# > 0)) || return 0
+	kill -TERM "$@" 2>/dev/null
+	for ((i = 0; i < 150; i++)); do
+		alive=()
+		for pid in "$@"; do
+			kill -0 "$pid" 2>/dev/null && alive+=("$pid")
+		done
+		((${#alive[@]} == 0)) && break
+		sleep 0.1
+	done
+	if ((${#alive[@]} > 0)); then
+		echo "cluster.sh: processes ${alive[*]} ignored SIGTERM for 15s: sending SIGKILL" >&2
+		kill -KILL "${alive[@]}" 2>/dev/null
+	fi
+	for pid in "$@"; do wait "$pid" 2>/dev/null; done
+}
+
+# stop_all terminates every process this script started (the lab's first,
+# then the Redis pair they use), waits for them (bounded), removes the temp
+# dir and checks that none of them is still alive.
 stop_all() {
-	local rc=$? pid alive=() i
+	local rc=$? pid alive=()
 	trap - EXIT
 	trap '' INT TERM # a second Ctrl-C must not cut the (bounded) cleanup short
 	set +e
 	for pid in "${helpers[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-	if ((${#pids[@]} > 0)); then
-		kill -TERM "${pids[@]}" 2>/dev/null
-		for ((i = 0; i < 150; i++)); do
-			alive=()
-			for pid in "${pids[@]}"; do
-				kill -0 "$pid" 2>/dev/null && alive+=("$pid")
-			done
-			((${#alive[@]} == 0)) && break
-			sleep 0.1
-		done
-		if ((${#alive[@]} > 0)); then
-			echo "cluster.sh: processes ${alive[*]} ignored SIGTERM for 15s: sending SIGKILL" >&2
-			kill -KILL "${alive[@]}" 2>/dev/null
-		fi
-	fi
-	for pid in "${helpers[@]}" "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+	stop_pids "${pids[@]}"
+	stop_pids "${pair_pids[@]}"
+	for pid in "${helpers[@]}"; do wait "$pid" 2>/dev/null; done
 	if ((stopping && holding)); then
 		rc=0 # Ctrl-C is how --keep ends
 	elif ((!stopping && (rc != 0 || failed))); then
@@ -116,8 +163,7 @@ stop_all() {
 	fi
 	rm -rf "$tmp"
 	((keep)) || drop_data
-	alive=()
-	for pid in "${pids[@]}"; do
+	for pid in "${pids[@]}" "${pair_pids[@]}"; do
 		kill -0 "$pid" 2>/dev/null && alive+=("$pid")
 	done
 	if ((${#alive[@]} > 0)); then
@@ -125,6 +171,7 @@ stop_all() {
 		exit 1
 	fi
 	((${#pids[@]} > 0)) && echo "cluster stopped: ${#pids[@]} processes (${pids[*]}) are gone"
+	((${#pair_pids[@]} > 0)) && echo "redis pair stopped: ${#pair_pids[@]} processes (${pair_pids[*]}) are gone"
 	exit "$rc"
 }
 # drop_data deletes the cluster's own schema and Redis keys, and nothing else.
@@ -168,9 +215,90 @@ for p in "${ports[@]}" "$front_port"; do
 		die "port $p is already in use (stop what listens there, or set CLUSTER_PORTS / FRONT_PORT)"
 	fi
 done
+for p in "${pair_ports[@]}"; do
+	if port_busy "$p"; then
+		die "port $p is already in use (stop what listens there, or set CLUSTER_REDIS_PAIR_PORTS)"
+	fi
+done
 
 echo "building lab into $tmp"
 bg_wait go build -o "$tmp/lab" ./cmd/lab || die "go build failed"
+
+# free_ports N PORT...: N loopback ports that were free a moment ago, none of
+# them among the PORTs given (the cluster's, which are not bound yet).
+free_ports() {
+	python3 - "$@" <<'PY'
+import socket, sys
+
+n, taken = int(sys.argv[1]), set(map(int, sys.argv[2:]))
+held, picked = [], []
+while len(picked) < n:  # every socket stays bound until the end, so they differ
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    held.append(s)
+    if s.getsockname()[1] not in taken:
+        picked.append(s.getsockname()[1])
+print(*picked)
+PY
+}
+
+# start_redis ROLE PORT [ARG...]: one throwaway redis-server on loopback,
+# keeping nothing on disk, its log and directory in the temp dir.
+start_redis() {
+	local role=$1 port=$2
+	shift 2
+	mkdir -p "$tmp/redis-$role"
+	redis-server --save "" --appendonly no --repl-diskless-sync-delay 0 --dir "$tmp/redis-$role" \
+		--bind 127.0.0.1 --port "$port" --daemonize no "$@" >"$tmp/redis-$role.log" 2>&1 &
+	pair_pids+=("$!")
+}
+
+# pair_ready reports whether both servers answer and the replica's link to
+# the primary is up and in sync.
+pair_ready() {
+	local info
+	[[ $(redis-cli -h 127.0.0.1 -p "${pair_ports[0]}" ping 2>/dev/null) == PONG ]] || return 1
+	[[ $(redis-cli -h 127.0.0.1 -p "${pair_ports[1]}" ping 2>/dev/null) == PONG ]] || return 1
+	info="$(redis-cli -h 127.0.0.1 -p "${pair_ports[1]}" info replication 2>/dev/null)" || return 1
+	[[ $info == *master_link_status:up* && $info != *master_sync_in_progress:1* ]]
+}
+
+# The Redis pair of the failover row: every process must fail the same
+# primary and replica over, so the script starts them and gives them to all.
+if [[ -n $pair_primary ]]; then
+	echo "redis pair: the one given in LAB_REDIS_PAIR_PRIMARY and LAB_REDIS_PAIR_REPLICA"
+elif [[ $pair_mode == off ]]; then
+	echo "the failover row stays n/a: CLUSTER_REDIS_PAIR=off"
+elif ! command -v redis-server >/dev/null; then
+	echo "the failover row stays n/a: install redis-server"
+elif ! command -v redis-cli >/dev/null; then
+	echo "the failover row stays n/a: install redis-cli (it comes with redis-server)"
+else
+	if ((${#pair_ports[@]} == 0)); then
+		read -r -a pair_ports <<<"$(free_ports 2 "${ports[@]}" "$front_port")"
+		((${#pair_ports[@]} == 2)) || die "could not find two free ports for the Redis pair"
+	fi
+	start_redis primary "${pair_ports[0]}"
+	start_redis replica "${pair_ports[1]}" --replicaof 127.0.0.1 "${pair_ports[0]}"
+	echo "redis pair pids: ${pair_pids[*]}"
+	deadline=$((SECONDS + wait_seconds))
+	until pair_ready; do
+		for i in 0 1; do
+			if ! kill -0 "${pair_pids[i]}" 2>/dev/null; then
+				failed=1
+				die "redis-server $( ((i == 0)) && echo primary || echo replica) (pid ${pair_pids[i]}, port ${pair_ports[i]}) exited during startup"
+			fi
+		done
+		if ((SECONDS >= deadline)); then
+			failed=1
+			die "the Redis pair (ports ${pair_ports[*]}) did not answer and link within ${wait_seconds}s"
+		fi
+		sleep 0.1
+	done
+	pair_primary="redis://127.0.0.1:${pair_ports[0]}/0"
+	pair_replica="redis://127.0.0.1:${pair_ports[1]}/0"
+	echo "redis pair ready: primary 127.0.0.1:${pair_ports[0]}, replica 127.0.0.1:${pair_ports[1]} (linked)"
+fi
 
 urls=()
 for p in "${ports[@]}"; do urls+=("http://127.0.0.1:$p"); done
@@ -192,6 +320,8 @@ for i in 0 1 2; do
 		LAB_REDIS_PREFIX="$redis_prefix" \
 		LAB_EMBEDDED_POSTGRES=off \
 		LAB_EMBEDDED_REDIS=off \
+		LAB_REDIS_PAIR_PRIMARY="$pair_primary" \
+		LAB_REDIS_PAIR_REPLICA="$pair_replica" \
 		"$tmp/lab" serve -pg-pool-size 10 >"$tmp/r$((i + 1)).log" 2>&1 &
 	pids+=("$!")
 done
@@ -315,13 +445,16 @@ if ((keep)); then
 	echo "cluster running (--keep); Ctrl-C stops it"
 	echo "  front:    $front"
 	for i in 0 1 2; do echo "  replica:  r$((i + 1)) ${urls[i]}"; done
+	if ((${#pair_pids[@]} > 0)); then
+		echo "  redis pair: primary 127.0.0.1:${pair_ports[0]}, replica 127.0.0.1:${pair_ports[1]} (roles swap at each failover)"
+	fi
 	echo "  try:      scripts/walkthrough.sh $front"
 	echo "  logs:     $tmp/*.log"
 	holding=1
 	set +e
-	wait -n "${pids[@]}"
+	wait -n "${pids[@]}" "${pair_pids[@]}"
 	rc=$?
 	set -e
 	holding=0 failed=1
-	die "a cluster process exited on its own (status $rc)"
+	die "a cluster process (lab or Redis pair) exited on its own (status $rc)"
 fi
