@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
@@ -72,11 +74,12 @@ func runScript(t *testing.T, timeout time.Duration, env []string, args ...string
 	return "", -1
 }
 
-// scriptPIDs reads the line "cluster pids: 1 2 3 4" the script prints.
-func scriptPIDs(t *testing.T, out string) []int {
+// scriptPIDs reads a line the script prints, such as "cluster pids: 1 2 3 4",
+// whose prefix is given.
+func scriptPIDs(t *testing.T, out, prefix string) []int {
 	t.Helper()
 	for line := range strings.Lines(out) {
-		rest, ok := strings.CutPrefix(line, "cluster pids:")
+		rest, ok := strings.CutPrefix(line, prefix)
 		if !ok {
 			continue
 		}
@@ -93,12 +96,43 @@ func scriptPIDs(t *testing.T, out string) []int {
 	return nil
 }
 
-// scriptTableRow finds a row of the script's store comparison table:
-// store, attempts, replicas, charges_applied, verdict, explanation.
-func scriptTableRow(out, store string) []string {
+// scriptGone reports each of pids that is still alive (and kills it).
+func scriptGone(t *testing.T, what string, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("%s process %d started by the script is still there after it exited (kill -0: %v); killing it", what, pid, err)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// scriptComparison reads the script's design comparison table (store,
+// attempts, replicas, charges_applied, verdict, explanation): its rows'
+// fields by store, and the stores in the order listed.
+func scriptComparison(out string) (rows map[string][]string, stores []string) {
+	rows, in := map[string][]string{}, false
 	for line := range strings.Lines(out) {
-		if f := strings.Fields(line); len(f) >= 5 && f[0] == store {
-			return f
+		f := strings.Fields(line)
+		switch {
+		case !in:
+			in = len(f) >= 2 && f[0] == "store" && f[1] == "attempts"
+		case len(f) == 0:
+			return rows, stores
+		case len(f) >= 5:
+			rows[f[0]] = f
+			stores = append(stores, f[0])
+		}
+	}
+	return rows, stores
+}
+
+// scriptMatrixRow returns the cells of the matrix table's row whose case
+// title is given: a verdict and the charges (3/1) per store.
+func scriptMatrixRow(out, title string) []string {
+	for line := range strings.Lines(out) {
+		if rest, ok := strings.CutPrefix(line, title); ok {
+			return strings.Fields(rest)
 		}
 	}
 	return nil
@@ -109,6 +143,9 @@ func TestClusterScript(t *testing.T) {
 		t.Skip("starts a three-replica cluster and runs the breakage matrix; not in -short")
 	}
 	scriptNeedTools(t, "bash", "go", "curl", "python3")
+	_, errServer := exec.LookPath("redis-server")
+	_, errCLI := exec.LookPath("redis-cli")
+	withPair := errServer == nil && errCLI == nil
 	dbURL, schema := labtest.Postgres(t) // schema dropped (DROP SCHEMA … CASCADE) when the test ends
 	redisURL, prefix := labtest.Redis(t) // keys under prefix deleted when the test ends
 	ports := scriptFreePorts(t, 4)
@@ -120,24 +157,31 @@ func TestClusterScript(t *testing.T) {
 		"LAB_PG_SCHEMA=" + schema,
 		"LAB_REDIS_PREFIX=" + prefix,
 		"LAB_ADMIN_TOKEN=", // the cluster's replicas and the reset agree: none
+		// The script starts its own Redis pair (on ports it picks) when it can.
+		"CLUSTER_REDIS_PAIR=on", "CLUSTER_REDIS_PAIR_PORTS=", "LAB_REDIS_PAIR_PRIMARY=", "LAB_REDIS_PAIR_REPLICA=",
 	}
 	out, code := runScript(t, 3*time.Minute, env, "../../scripts/cluster.sh")
 	t.Logf("cluster.sh output:\n%s", out)
 
-	pids := scriptPIDs(t, out)
+	pids := scriptPIDs(t, out, "cluster pids:")
 	if len(pids) != 4 {
 		t.Errorf("want 4 pids (3 replicas and the front) on a line 'cluster pids: ...', got %v", pids)
 	}
-	for _, pid := range pids {
-		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
-			t.Errorf("process %d started by the script is still there after it exited (kill -0: %v); killing it", pid, err)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
+	scriptGone(t, "lab", pids)
+	pairPIDs := scriptPIDs(t, out, "redis pair pids:")
+	if withPair && len(pairPIDs) != 2 {
+		t.Errorf("want 2 pids (the Redis primary and replica) on a line 'redis pair pids: ...', got %v", pairPIDs)
 	}
+	scriptGone(t, "Redis pair", pairPIDs)
 	if code != 0 {
 		t.Fatalf("cluster.sh exited %d", code)
 	}
 
+	rows, stores := scriptComparison(out)
+	designs := []string{"unsafe", "memory", "redis", "postgres", "lease", "redis+postgres"}
+	if !slices.Equal(stores, designs) {
+		t.Errorf("the comparison lists %v; want every registered design: %v", stores, designs)
+	}
 	for _, want := range []struct {
 		store, charges, verdict string
 	}{
@@ -145,8 +189,10 @@ func TestClusterScript(t *testing.T) {
 		{"memory", "3", "breaks"}, // one charge per replica: each has its own map
 		{"redis", "1", "holds"},
 		{"postgres", "1", "holds"},
+		{"lease", "1", "holds"},
+		{"redis+postgres", "1", "holds"},
 	} {
-		row := scriptTableRow(out, want.store)
+		row := rows[want.store]
 		if row == nil {
 			t.Errorf("no %s row in the comparison table", want.store)
 			continue
@@ -155,8 +201,38 @@ func TestClusterScript(t *testing.T) {
 			t.Errorf("%s: attempts, replicas, charges, verdict = %v; want 9 3 %s %s", want.store, got, want.charges, want.verdict)
 		}
 	}
-	for _, want := range []string{"9 concurrent retries over 3 replicas", "cluster stopped: 4 processes",
-		"dropped schema " + schema, "deleted the Redis keys under " + prefix} {
+
+	var failover string
+	for _, c := range experiment.Cases() {
+		if c.Name == "failover" {
+			failover = c.Title
+		}
+	}
+	cells := scriptMatrixRow(out, failover)
+	switch {
+	case cells == nil:
+		t.Errorf("no failover row (%q) in the matrix", failover)
+	case withPair:
+		// Every design ran against the pair: a verdict and its charges, six times.
+		ok := len(cells) == 2*len(designs)
+		for i := 0; ok && i < len(cells); i += 2 {
+			ok = (cells[i] == "holds" || cells[i] == "breaks") && strings.Contains(cells[i+1], "/")
+		}
+		if !ok {
+			t.Errorf("failover row: %v; want a verdict and charges for each of the %d designs, no n/a", cells, len(designs))
+		}
+	default:
+		if !strings.Contains(out, "the failover row stays n/a: install redis-") {
+			t.Errorf("without redis-server the output does not say why the failover row stays n/a")
+		}
+	}
+
+	wants := []string{"9 concurrent retries over 3 replicas", "cluster stopped: 4 processes",
+		"dropped schema " + schema, "deleted the Redis keys under " + prefix}
+	if withPair {
+		wants = append(wants, "redis pair stopped: 2 processes")
+	}
+	for _, want := range wants {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
 		}
