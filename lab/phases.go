@@ -16,6 +16,12 @@ const (
 	PhaseCharge = "charge" // the ledger holds the charge (not yet committed where the design holds a transaction)
 	PhaseCommit = "commit" // the response is stored: later retries replay it
 	PhaseReplay = "replay" // the store answered with a stored response
+	// PhaseRenew is a live worker renewing its lease while it works, so
+	// that slow work is not taken over.
+	PhaseRenew = "renew"
+	// PhaseFenced is a write the ledger refused: the worker's fencing token
+	// was no longer the key's (its detail says both tokens).
+	PhaseFenced = "fenced"
 )
 
 // Phases records when one attempt passed each phase, for the Server-Timing
@@ -28,8 +34,9 @@ type Phases struct {
 }
 
 type phaseMark struct {
-	name string
-	at   time.Duration
+	name   string
+	detail string
+	at     time.Duration
 }
 
 // NewPhases starts recording at start (the request's arrival).
@@ -44,14 +51,18 @@ func WithPhases(ctx context.Context, p *Phases) context.Context {
 
 // Mark records that the attempt behind ctx passed phase name now; without a
 // recorder it does nothing.
-func Mark(ctx context.Context, name string) {
+func Mark(ctx context.Context, name string) { MarkDetail(ctx, name, "") }
+
+// MarkDetail is Mark with a few words on what happened there, such as the
+// two tokens of a fenced write.
+func MarkDetail(ctx context.Context, name, detail string) {
 	p, _ := ctx.Value(phasesKey{}).(*Phases)
 	if p == nil {
 		return
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.marks = append(p.marks, phaseMark{name, time.Since(p.start)})
+	p.marks = append(p.marks, phaseMark{name, detail, time.Since(p.start)})
 }
 
 // ServerTiming renders the phases as a Server-Timing header value: each
@@ -69,6 +80,10 @@ func (p *Phases) ServerTiming() string {
 		b.WriteString(m.name)
 		b.WriteString(";dur=")
 		b.WriteString(strconv.FormatFloat(float64(m.at-prev)/float64(time.Millisecond), 'f', 3, 64))
+		if m.detail != "" {
+			b.WriteString(";desc=")
+			b.WriteString(strconv.Quote(m.detail))
+		}
 		prev = m.at
 	}
 	return b.String()
@@ -76,32 +91,61 @@ func (p *Phases) ServerTiming() string {
 
 // PhaseAt is a phase's end, in milliseconds after the request's arrival.
 type PhaseAt struct {
-	Name string  `json:"name"`
-	AtMS float64 `json:"at_ms"`
+	Name   string  `json:"name"`
+	AtMS   float64 `json:"at_ms"`
+	Detail string  `json:"detail,omitempty"`
 }
 
 // ParseServerTiming reads a Server-Timing value written by ServerTiming
-// back into each phase's end. Entries without a duration, or with one that
-// is not a number, are skipped.
+// back into each phase's end and detail. Entries without a duration, or
+// with one that is not a number, are skipped.
 func ParseServerTiming(v string) []PhaseAt {
 	var out []PhaseAt
 	var sum float64
-	for entry := range strings.SplitSeq(v, ",") {
-		parts := strings.Split(entry, ";")
-		name := strings.TrimSpace(parts[0])
+	for _, entry := range splitOutsideQuotes(v, ',') {
+		parts := splitOutsideQuotes(entry, ';')
+		p := PhaseAt{Name: strings.TrimSpace(parts[0])}
+		dur := -1.0
 		for _, param := range parts[1:] {
 			k, val, ok := strings.Cut(strings.TrimSpace(param), "=")
-			if !ok || k != "dur" {
-				continue
+			switch {
+			case !ok:
+			case k == "dur":
+				if d, err := strconv.ParseFloat(val, 64); err == nil && d >= 0 {
+					dur = d
+				}
+			case k == "desc":
+				if unq, err := strconv.Unquote(val); err == nil {
+					val = unq
+				}
+				p.Detail = val
 			}
-			d, err := strconv.ParseFloat(val, 64)
-			if err != nil || d < 0 {
-				break
-			}
-			sum += d
-			out = append(out, PhaseAt{Name: name, AtMS: sum})
-			break
 		}
+		if dur < 0 {
+			continue
+		}
+		sum += dur
+		p.AtMS = sum
+		out = append(out, p)
 	}
 	return out
+}
+
+// splitOutsideQuotes splits v at sep, except inside a quoted string (where
+// a backslash escapes the next byte), as Server-Timing's desc may hold sep.
+func splitOutsideQuotes(v string, sep byte) []string {
+	var out []string
+	start, quoted := 0, false
+	for i := 0; i < len(v); i++ {
+		switch c := v[i]; {
+		case quoted && c == '\\':
+			i++
+		case c == '"':
+			quoted = !quoted
+		case !quoted && c == sep:
+			out = append(out, v[start:i])
+			start = i + 1
+		}
+	}
+	return append(out, v[start:])
 }
