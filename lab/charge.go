@@ -102,10 +102,12 @@ func (e Event) Receipt() (key string, amountCents int64) {
 	return r.Key, r.AmountCents
 }
 
-// ChargeResponse is the 201 the API sends and stores for replay.
+// ChargeResponse is the 201 the API sends and stores for replay. Like
+// every JSON body of the lab it ends with a newline, so a shell prompt
+// never sticks to it; the replay sends the same bytes.
 func ChargeResponse(c Charge) Response {
 	body, _ := json.Marshal(c)
-	return Response{Status: http.StatusCreated, Body: body}
+	return Response{Status: http.StatusCreated, Body: append(body, '\n')}
 }
 
 // ProblemTypeBase prefixes every problem's type URI.
@@ -127,7 +129,7 @@ type Problem struct {
 func (p Problem) Response() Response {
 	p.Type = ProblemTypeBase + p.Code
 	body, _ := json.Marshal(p) // a struct of strings and an int always marshals
-	return Response{Status: p.Status, Body: body}
+	return Response{Status: p.Status, Body: append(body, '\n')}
 }
 
 // OrderConflictResponse is the stored, deterministic business outcome of a
