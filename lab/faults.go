@@ -97,6 +97,10 @@ type Faults struct {
 	// random key per delivery attempt instead of one derived from the
 	// charge: the effect-side mistake (capture_key=random).
 	RandomCaptureKey bool
+	// Confine, when set, limits what a crash forgets to the namespace's
+	// keys that start with it (confine=<prefix>): a matrix cell's crash
+	// then leaves the caller's own keys alone.
+	Confine string
 }
 
 // RetentionOr is the key retention this request asks for, or window.
@@ -130,6 +134,9 @@ func (f Faults) String() string {
 	}
 	if f.OnPair {
 		parts = append(parts, "redis=pair")
+	}
+	if f.Confine != "" {
+		parts = append(parts, "confine="+f.Confine)
 	}
 	return strings.Join(parts, "; ")
 }
@@ -177,6 +184,14 @@ func ParseFaults(h string) (Faults, error) {
 			}
 			continue
 		}
+		if name == "confine" {
+			prefix := strings.TrimSpace(value)
+			if err := CheckKeyPrefix(prefix); err != nil {
+				return f, Invalid(FaultHeader, "confine: %v", err)
+			}
+			f.Confine = prefix
+			continue
+		}
 		var dst *time.Duration
 		switch name {
 		case "work_ms":
@@ -186,7 +201,7 @@ func ParseFaults(h string) (Faults, error) {
 		case "window_ms":
 			dst = &f.Retention
 		default:
-			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis", name)
+			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis, confine", name)
 		}
 		ms, err := ParseInt(FaultHeader, value, true, 0, 1, 60_000)
 		if err != nil {
@@ -201,6 +216,44 @@ func ParseFaults(h string) (Faults, error) {
 		return f, Invalid(FaultHeader, "%s needs work_ms in 1..60000", f.Point)
 	}
 	return f, nil
+}
+
+// Region is what a restart or a crash forgets: a namespace's keys (every
+// namespace's with ""), or only those of its keys that start with
+// KeyPrefix, so that the matrix's cells forget their own keys and never
+// the caller's.
+type Region struct {
+	Namespace Namespace
+	KeyPrefix string
+}
+
+// Covers reports whether the region holds the scope's key.
+func (r Region) Covers(sc Scope) bool {
+	return r.Namespace.Owns(sc.Tenant) && strings.HasPrefix(sc.Key, r.KeyPrefix)
+}
+
+// CrashRegion is what a crash of attempt a forgets on a store that keeps
+// its keys in the process: its namespace's, or the confined part of it.
+func CrashRegion(a Attempt) Region {
+	return Region{Namespace: NamespaceOf(a.Scope.Tenant), KeyPrefix: a.Faults.Confine}
+}
+
+// MaxKeyPrefixBytes bounds a confining key prefix.
+const MaxKeyPrefixBytes = 64
+
+// CheckKeyPrefix accepts a key prefix that confines a restart or a crash:
+// 1..64 letters, digits, '-', '_' or '.', so it is safe in the Lab-Fault
+// header and in a Redis SCAN pattern alike.
+func CheckKeyPrefix(prefix string) error {
+	if prefix == "" || len(prefix) > MaxKeyPrefixBytes {
+		return fmt.Errorf("a key prefix has 1..%d characters (got %d)", MaxKeyPrefixBytes, len(prefix))
+	}
+	for _, r := range prefix {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			return fmt.Errorf("a key prefix holds letters, digits, '-', '_' and '.' only (got %q)", prefix)
+		}
+	}
+	return nil
 }
 
 // Pauses reports faults that pause the worker between its claim and its

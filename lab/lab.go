@@ -307,11 +307,12 @@ type Resetter interface {
 	Reset(ctx context.Context, ns Namespace) error
 }
 
-// Restarter loses what the namespace's part of the store would lose if its
-// process or server restarted ("" for every namespace): volatile state
-// goes, durable state stays, and no other namespace loses anything.
+// Restarter loses what the region's part of the store would lose if its
+// process or server restarted (a namespace, "" for every namespace, or only
+// its keys under a prefix): volatile state goes, durable state stays, and
+// nothing outside the region is lost.
 type Restarter interface {
-	Restart(ctx context.Context, ns Namespace) error
+	Restart(ctx context.Context, r Region) error
 }
 
 // Sweeper evicts expired keys and reports how many.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -169,9 +170,43 @@ func TestMatrix(t *testing.T) {
 	cfg := fullConfig(t)
 	cfg.RedisPair = true // the failover row runs on two redis-server processes
 	a := labtest.Start(t, cfg)
+	// A key of the caller's own, charged before the matrix on every keyed
+	// store: the matrix's crashes and restarts must leave it alone.
+	mine := http.Header{"Authorization": {"Bearer demo-token-acme"}, "Idempotency-Key": {"mine-1"}}
+	const body = `{"account":"acct-1","amount_cents":2500}`
+	var keyed []lab.StoreName
+	for _, v := range variants.Builtin() {
+		if v.RequiresKey {
+			keyed = append(keyed, v.Name)
+			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store="+url.QueryEscape(string(v.Name)), mine, body); r.Status != http.StatusCreated {
+				t.Fatalf("%s: charging mine-1: %d %s", v.Name, r.Status, r.Body)
+			}
+		}
+	}
 	m, err := a.Server().Matrix(t.Context(), a.Public(), nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, store := range keyed {
+		r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store="+url.QueryEscape(string(store)), mine, body)
+		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("%s: mine-1 after the matrix: %d, replayed %q: the matrix forgot the caller's key", store, r.Status, r.Header.Get("Idempotent-Replayed"))
+		}
+		if n := keyCharges(t, a, "acme", store, "mine-1"); n != 1 {
+			t.Errorf("%s: mine-1 has %d charges after the matrix", store, n)
+		}
+	}
+	// Every cell stays in the caller's history, to be opened again.
+	runs := labtest.Decode[struct {
+		Runs []experiment.Report `json:"runs"`
+	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/runs?limit=100", nil, ""))
+	if got := len(runs.Runs); got != min(100, len(m.Rows)*len(m.Stores)) {
+		t.Errorf("the history lists %d runs after a matrix of %d cells", got, len(m.Rows)*len(m.Stores))
+	}
+	cell := m.Rows[len(m.Rows)-1].Cells[1]
+	if r := labtest.Do(t, http.MethodGet, a.URL()+"/lab/runs/"+cell.RunID, nil, ""); r.Status != http.StatusOK ||
+		len(labtest.Decode[experiment.Report](t, r).Timeline) != cell.Run.Attempts {
+		t.Errorf("opening cell run %s: %d %s", cell.RunID, r.Status, r.Body)
 	}
 	for _, row := range m.Rows {
 		for _, c := range row.Cells {

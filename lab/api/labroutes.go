@@ -96,14 +96,99 @@ func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (e
 	if rep.DedupeWindowMS == 0 {
 		rep.DedupeWindowMS = s.cfg.Window.Milliseconds()
 	}
-	short := rep
-	short.Timeline = nil
-	s.mu.Lock()
-	ns := lab.NamespaceOf(rep.Tenant)
-	runs := append(s.runs[ns], short)
-	s.runs[ns] = runs[max(0, len(runs)-maxRunHistory):]
-	s.mu.Unlock()
+	s.remember(rep)
 	return rep, nil
+}
+
+// remember keeps a run, timeline and all, in its namespace's history, so
+// it can be opened again (GET /lab/runs/{run_id}).
+func (s *Server) remember(rep experiment.Report) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ns := lab.NamespaceOf(rep.Tenant)
+	runs := append(s.runs[ns], rep)
+	// Runs of one's own and matrix cells are bounded apart, so a matrix
+	// never pushes the attendee's own runs out.
+	kept, own, cells := make([]experiment.Report, 0, len(runs)), 0, 0
+	for i := len(runs) - 1; i >= 0; i-- {
+		if runs[i].Matrix == "" {
+			own++
+		} else {
+			cells++
+		}
+		if runs[i].Matrix == "" && own <= maxRunHistory || runs[i].Matrix != "" && cells <= maxRunHistory {
+			kept = append(kept, runs[i])
+		}
+	}
+	slices.Reverse(kept)
+	s.runs[ns] = kept
+}
+
+// recentRuns lists the runs the caller may see, newest first; without
+// their timelines unless full.
+func (s *Server) recentRuns(view lab.Namespace, full bool) []experiment.Report {
+	s.mu.Lock()
+	var runs []experiment.Report
+	for ns, rs := range s.runs {
+		if view == "" || ns == view {
+			runs = append(runs, rs...)
+		}
+	}
+	s.mu.Unlock()
+	slices.SortStableFunc(runs, func(x, y experiment.Report) int { return y.StartedAt.Compare(x.StartedAt) })
+	if !full {
+		for i := range runs {
+			runs[i].Timeline, runs[i].Events, runs[i].LedgerRows = nil, nil, nil
+		}
+	}
+	return runs
+}
+
+// runs is GET /lab/runs: the namespace's recent runs (matrix cells
+// included), newest first, without their timelines.
+func (s *Server) listRuns(c echo.Context) error {
+	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	limit, err := q.Int("limit", defaultLimit, 1, maxRunHistory)
+	if err != nil {
+		return err
+	}
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	runs := s.recentRuns(who.view(), false)
+	return c.JSON(http.StatusOK, runsAnswer{Namespace: string(who.view()), Replica: s.cfg.Replica, Runs: runs[:min(len(runs), int(limit))],
+		Note: "this replica's recent runs of the namespace (at most " + strconv.Itoa(maxRunHistory) + "); GET /lab/runs/{run_id} opens one with its timeline"})
+}
+
+// runsAnswer is GET /lab/runs.
+type runsAnswer struct {
+	Namespace string              `json:"namespace"`
+	Replica   string              `json:"replica"`
+	Runs      []experiment.Report `json:"runs"`
+	Note      string              `json:"note"`
+}
+
+// run is GET /lab/runs/{run_id}: one of the caller's runs, whole.
+func (s *Server) run(c echo.Context) error {
+	if _, err := lab.ParseQuery(c.Request().URL.RawQuery); err != nil {
+		return err
+	}
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	id := c.Param("id")
+	for _, r := range s.recentRuns(who.view(), true) {
+		if r.RunID == id {
+			return c.JSON(http.StatusOK, r)
+		}
+	}
+	return problem(http.StatusNotFound, "run_not_found", "Run not found",
+		"no run "+strconv.Quote(id)+" among the recent runs of namespace "+nsName(who.view())+" on this replica")
 }
 
 func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Identity) (experiment.Spec, int, error) {
@@ -420,16 +505,9 @@ func (s *Server) summary(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	var runs []experiment.Report
-	for ns, rs := range s.runs {
-		if who.view() == "" || ns == who.view() {
-			runs = append(runs, rs...)
-		}
-	}
-	slices.SortStableFunc(runs, func(x, y experiment.Report) int { return x.StartedAt.Compare(y.StartedAt) })
-	s.mu.Unlock()
-	slices.Reverse(runs)
+	// The peer lab's summary knows runs of one's own; matrix cells are
+	// listed by GET /lab/runs.
+	runs := slices.DeleteFunc(s.recentRuns(who.view(), false), func(r experiment.Report) bool { return r.Matrix != "" })
 	if stores == nil {
 		stores = []lab.StoreSummary{}
 	}
@@ -496,7 +574,15 @@ func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(
 		},
 		PairUnavailable: s.deps.Cluster.PairUnavailable(),
 		Targets:         s.deps.Cluster.Targets, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
-		Account: defaultAccount, Amount: defaultAmount, Progress: progress,
+		Account: defaultAccount, Amount: defaultAmount,
+		Progress: func(done, total int, c experiment.Case, cell experiment.Cell) {
+			if cell.Run != nil {
+				s.remember(*cell.Run) // each cell stays in the history, to be opened again
+			}
+			if progress != nil {
+				progress(done, total, c, cell)
+			}
+		},
 	})
 }
 

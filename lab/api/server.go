@@ -196,6 +196,8 @@ func New(cfg Config, deps Deps) *Server {
 	g.POST("/lab/restart-store", s.restartStore)
 	g.POST("/lab/join", s.join)
 	g.GET("/lab/matrix", s.matrix)
+	g.GET("/lab/runs", s.listRuns)
+	g.GET("/lab/runs/:id", s.run)
 	g.POST("/webhooks/provider", s.providerWebhook)
 	g.GET("/lab/reconcile", s.reconcileCheck)
 	g.GET("/lab/effects", s.effectsMatrix)
@@ -460,6 +462,7 @@ func (s *Server) index(c echo.Context) error {
 			"GET " + base + "/diagnostics/summary",
 			"POST " + base + "/reset-lab",
 			"GET " + base + "/lab/matrix?format=json|markdown|table|ndjson",
+			"GET " + base + "/lab/runs", "GET " + base + "/lab/runs/{run_id}",
 			"GET " + base + "/lab/effects?format=json|markdown|table",
 			"GET " + base + "/lab/reconcile?run=",
 			"POST " + base + "/webhooks/provider (Provider-Signature)",
@@ -657,13 +660,25 @@ func (s *Server) restartStore(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	s.log.InfoContext(c.Request().Context(), "store restart", "store", st.Name(), "namespace", nsName(ns), "asked_by", nsName(who.view()))
+	// key_prefix confines the restart to the namespace's keys under it (a
+	// matrix cell's own), so the caller's other keys survive it.
+	prefix, err := q.Text("key_prefix", "", lab.MaxKeyPrefixBytes)
+	if err != nil {
+		return err
+	}
+	if prefix != "" {
+		if err := lab.CheckKeyPrefix(prefix); err != nil {
+			return lab.Invalid("key_prefix", "%v", err)
+		}
+	}
+	region := lab.Region{Namespace: ns, KeyPrefix: prefix}
+	s.log.InfoContext(c.Request().Context(), "store restart", "store", st.Name(), "namespace", nsName(ns), "key_prefix", prefix, "asked_by", nsName(who.view()))
 	if r, ok := st.(lab.Restarter); ok { // a store without state has nothing to lose
-		if err := r.Restart(c.Request().Context(), ns); err != nil {
+		if err := r.Restart(c.Request().Context(), region); err != nil {
 			return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
 		}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica, "namespace": string(ns)})
+	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica, "namespace": string(ns), "key_prefix": prefix})
 }
 
 // join gives an attendee a namespace of their own: POST /lab/join, with

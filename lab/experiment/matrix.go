@@ -150,10 +150,15 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 }
 
 func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store lab.StoreName, batch string) (Report, error) {
-	key := fmt.Sprintf("matrix-%s-%s-%s", batch, c.Name, store)
+	// Every key of the batch starts with one prefix, and the cells' crashes
+	// and restarts are confined to it: the caller's own keys outlive the
+	// matrix.
+	confine := MatrixKeyPrefix(batch)
+	key := fmt.Sprintf("%s%s-%s", confine, c.Name, store)
 	spec := Spec{
 		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount,
 		Attempts: c.Attempts, Tenant: req.Tenant, Token: req.Token, OtherTenant: req.OtherTenant, OtherToken: req.Other, Faults: c.Faults,
+		Confine: confine, Matrix: batch,
 	}
 	if c.OrderID {
 		spec.OrderID = "order-" + key
@@ -164,6 +169,9 @@ func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store l
 	}
 	return r.Run(ctx, spec, targets)
 }
+
+// MatrixKeyPrefix starts every key of one matrix batch.
+func MatrixKeyPrefix(batch string) string { return "matrix-" + batch + "-" }
 
 // Mismatches lists the cells whose verdict differs from the design's usual one.
 func (m Matrix) Mismatches() []string {
@@ -246,21 +254,40 @@ func expectedCharges(row Row) int {
 // WriteTable writes a plain-text table with the ledger's counts and why.
 func (m Matrix) WriteTable(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%-52s", "case (charges in the ledger / expected)")
-	for _, s := range m.Stores {
-		fmt.Fprintf(&b, " %-14s", string(s))
+	// Every column as wide as its widest entry, so no title or cell pushes
+	// the ones after it out of line.
+	head := "case (charges in the ledger / expected)"
+	widths := make([]int, len(m.Stores)+1)
+	widths[0] = len(head)
+	for i, s := range m.Stores {
+		widths[i+1] = len(s)
 	}
-	b.WriteString("\n")
-	for _, row := range m.Rows {
-		fmt.Fprintf(&b, "%-52s", row.Case.Title)
-		for _, c := range row.Cells {
+	cells := make([][]string, len(m.Rows))
+	for r, row := range m.Rows {
+		widths[0] = max(widths[0], len(row.Case.Title))
+		for i, c := range row.Cells {
 			cell := "n/a"
 			if c.Available {
 				cell = fmt.Sprintf("%s %d/%d", string(c.Verdict), c.Charges, c.ExpectedCharges)
 			}
-			fmt.Fprintf(&b, " %-14s", cell)
+			cells[r] = append(cells[r], cell)
+			widths[i+1] = max(widths[i+1], len(cell))
 		}
-		b.WriteString("\n")
+	}
+	line := func(first string, rest []string) {
+		l := fmt.Sprintf("%-*s", widths[0], first)
+		for i, c := range rest {
+			l += fmt.Sprintf("  %-*s", widths[i+1], c)
+		}
+		b.WriteString(strings.TrimRight(l, " ") + "\n")
+	}
+	names := make([]string, len(m.Stores))
+	for i, s := range m.Stores {
+		names[i] = string(s)
+	}
+	line(head, names)
+	for r, row := range m.Rows {
+		line(row.Case.Title, cells[r])
 	}
 	b.WriteString("\nwhy:\n")
 	for _, row := range m.Rows {

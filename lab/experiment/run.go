@@ -45,6 +45,10 @@ type Spec struct {
 	OtherTenant string // the namespace's second tenant, for ScenarioTenants
 	OtherToken  string
 	Faults      lab.Faults
+	Matrix      string // the matrix batch this run is a cell of, if any
+	// Confine, when set, is a prefix of Key: the run's crash or restart
+	// forgets only the namespace's keys under it (the matrix's cells do).
+	Confine string
 }
 
 // Books are the figures a run is judged by: the ledger and the outbox.
@@ -122,14 +126,25 @@ type Report struct {
 	CapturesWithoutCharge int `json:"captures_without_charge"`
 	// ChargesNeverCaptured are charges whose effects were given up (or,
 	// sent directly, lost) and never reached the provider.
-	ChargesNeverCaptured int     `json:"charges_never_captured"`
-	SideEffectTransport  string  `json:"side_effect_transport"`
-	ReceiptsMissing      int     `json:"receipts_missing"`
-	OutboxPending        int     `json:"outbox_pending"`
-	OutboxDelivered      int     `json:"outbox_delivered"`
-	KeyBefore            string  `json:"key_before"` // what the store held for the key when the run began
-	KeyAfterFault        string  `json:"key_after_fault,omitempty"`
-	LookupOverheadMS     float64 `json:"lookup_overhead_ms"`
+	ChargesNeverCaptured int    `json:"charges_never_captured"`
+	SideEffectTransport  string `json:"side_effect_transport"`
+	ReceiptsMissing      int    `json:"receipts_missing"`
+	// OutboxPending and OutboxDelivered are the namespace's running totals,
+	// as the peer lab's fields are; the Run* figures are this run's own.
+	OutboxPending      int `json:"outbox_pending"`
+	OutboxDelivered    int `json:"outbox_delivered"`
+	RunOutboxEvents    int `json:"run_outbox_events"`    // events this run's charges recorded
+	RunOutboxDelivered int `json:"run_outbox_delivered"` // of those, delivered when the run was read
+	RunOutboxPending   int `json:"run_outbox_pending"`   // of those, still pending then
+	// Events: every time here and in the timeline is on one axis, from the
+	// run's first release, whatever the number of its phases.
+	Events []Event `json:"events"`
+	// ClientBudgetMS bounds how long each attempt's client follows 409s,
+	// 202s, dropped connections and 5xx until a final answer.
+	ClientBudgetMS   float64 `json:"client_budget_ms"`
+	KeyBefore        string  `json:"key_before"` // what the store held for the key when the run began
+	KeyAfterFault    string  `json:"key_after_fault,omitempty"`
+	LookupOverheadMS float64 `json:"lookup_overhead_ms"`
 	// LookupOverheadByPath is the median replay latency per place a replay
 	// was read from, for designs that say (a cache, then the database).
 	LookupOverheadByPath map[string]float64 `json:"lookup_overhead_ms_by_path,omitempty"`
@@ -143,6 +158,9 @@ type Report struct {
 	Note                 string             `json:"note"`
 	Timeline             []Result           `json:"timeline"`
 	StartedAt            time.Time          `json:"started_at"`
+	// Matrix names the matrix batch the run was a cell of, "" for a run
+	// of its own.
+	Matrix string `json:"matrix,omitempty"`
 }
 
 // Run executes spec against targets (one base URL per replica; attempts go
@@ -165,11 +183,15 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if !ok {
 		return Report{}, lab.Invalid("store", "unknown store %q", spec.Store)
 	}
+	if spec.Confine != "" && !strings.HasPrefix(spec.Key, spec.Confine) {
+		return Report{}, lab.Invalid("key", "must start with %q, the prefix the run's faults are confined to", spec.Confine)
+	}
 	rep := Report{
 		RunID: "run_" + uuid.NewString(), Store: spec.Store, Scenario: spec.Scenario, Fault: spec.Faults.Point,
 		Key: spec.Key, Account: spec.Account, Tenant: tenant, Attempts: spec.Attempts, Replicas: len(targets),
 		AmountCents: spec.AmountCents, ExpectedCharges: 1, StartedAt: r.Now().UTC(),
 		SideEffectTransport: v.Effects, DedupeWindowMS: spec.Faults.Retention.Milliseconds(), Variant: "idempotent",
+		Matrix: spec.Matrix,
 	}
 	if !v.RequiresKey {
 		rep.Variant = "unsafe"
@@ -199,14 +221,18 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 		}
 	}
 
-	start := time.Now()
-	results, spread, err := r.fire(ctx, spec, targets, rep.RunID, &rep)
+	ev := &events{origin: time.Now()}
+	results, spread, err := r.fire(ctx, spec, targets, rep.RunID, &rep, ev)
 	if err != nil {
 		return rep, err
 	}
-	rep.WallMS = ms(time.Since(start))
+	rep.WallMS = ms(time.Since(ev.origin))
 	rep.BarrierSpreadMS = ms(spread)
+	Rebase(results, ev.origin)
 	rep.Timeline = results
+	ev.fromPhases(results, lifetime{name: v.Lifetime, ttl: spec.Faults.ClaimTTL}, spec)
+	rep.Events = append([]Event{}, ev.list...)
+	rep.ClientBudgetMS = ms(clientBudget(spec))
 	return rep, r.conclude(ctx, spec, tenants, before, &rep)
 }
 
@@ -214,36 +240,57 @@ func needsTwoPhases(spec Spec) bool {
 	return spec.Faults.Point != "" && spec.Faults.Point != lab.FaultSlow
 }
 
+// clientBudget bounds how long each attempt's client follows its answers
+// (409 and 202 until a final answer, a dropped connection or a 5xx with a
+// backoff): the work, three claim lifetimes and three seconds more.
+func clientBudget(spec Spec) time.Duration {
+	return spec.Faults.Work + 3*max(spec.Faults.ClaimTTL, time.Second) + 3*time.Second
+}
+
+// retrying is how every attempt of a run is followed, as the README's
+// client does: Retry-After as sent, otherwise a backoff from 50 ms.
+func retrying(spec Spec) Retry {
+	return Retry{Budget: clientBudget(spec), Base: 50 * time.Millisecond}
+}
+
 // fire sends the run's attempts: all at once for a plain storm, or one
-// faulted attempt followed by the others retrying as clients do.
-func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run string, rep *Report) ([]Result, time.Duration, error) {
+// faulted attempt followed by the others, retrying as clients do. Every
+// time is on the run's axis, from its first release (ev.origin).
+func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run string, rep *Report, ev *events) ([]Result, time.Duration, error) {
 	reqs := make([]Request, spec.Attempts)
 	for i := range reqs {
 		reqs[i] = r.request(spec, targets[i%len(targets)], run, i)
 	}
 	if spec.Scenario == ScenarioRetries && !needsTwoPhases(spec) {
-		res, spread := Fire(ctx, r.Client, reqs, Retry{})
+		res, spread := Fire(ctx, r.Client, reqs, retrying(spec))
 		return res, spread, nil
 	}
 	if spec.Faults.Point == lab.FaultStaleWorker {
-		return r.fireStale(ctx, spec, reqs)
+		return r.fireStale(ctx, spec, reqs, ev)
 	}
 	if spec.Faults.Point == lab.FaultFailover {
-		return r.fireFailover(ctx, spec, targets, reqs, rep)
+		return r.fireFailover(ctx, spec, targets, reqs, rep, ev)
 	}
-	// Phase one: the first attempt alone (carrying the fault, if any).
+	// Phase one: the first attempt alone (carrying the fault, if any). Its
+	// failure is the point, so it is sent once.
 	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
 	switch spec.Faults.Point {
 	case lab.FaultStoreRestart:
 		for _, t := range targets {
-			if err := r.restartStore(ctx, t, spec.Store, spec.Token); err != nil {
+			if err := r.restartStore(ctx, t, spec); err != nil {
 				return nil, 0, err
 			}
 		}
+		what := "the namespace's keys are forgotten"
+		if spec.Confine != "" {
+			what = "the keys under " + spec.Confine + " are forgotten"
+		}
+		ev.add(EventStoreRestart, 0, what)
 	case lab.FaultExpired:
 		if err := lab.Sleep(ctx, spec.Faults.Retention+50*time.Millisecond); err != nil {
 			return nil, 0, err
 		}
+		ev.add(EventWindowExpired, 0, fmt.Sprintf("the %d ms retention window is over", spec.Faults.Retention.Milliseconds()))
 	}
 	if spec.Faults.Point != "" {
 		state, err := r.keyState(ctx, targets[0], spec)
@@ -252,20 +299,26 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 		}
 		rep.KeyAfterFault = state
 	}
-	// Phase two: the retries, released together, retrying like a client
-	// until the store answers (bounded).
-	budget := 3*time.Second + 3*spec.Faults.ClaimTTL + spec.Faults.Work
-	rest, spread := Fire(ctx, r.Client, reqs[1:], Retry{Until: time.Now().Add(budget), Base: 50 * time.Millisecond})
+	// Phase two: the retries, released together, following their answers
+	// like a client until a final one (bounded).
+	rest, spread := r.fireRetries(ctx, spec, reqs[1:], ev)
+	return append(first, rest...), spread, nil
+}
+
+// fireRetries releases the attempts after the first, numbered after it.
+func (r *Runner) fireRetries(ctx context.Context, spec Spec, reqs []Request, ev *events) ([]Result, time.Duration) {
+	ev.add(EventRetriesReleased, 0, fmt.Sprintf("%d retries", len(reqs)))
+	rest, spread := Fire(ctx, r.Client, reqs, retrying(spec))
 	for i := range rest {
 		rest[i].Attempt++
 	}
-	return append(first, rest...), spread, nil
+	return rest, spread
 }
 
 // fireStale sends the first attempt, which pauses past its claim's
 // lifetime; once that lifetime is over (and while it still sleeps) the
 // retries go, released together; the first then wakes and writes.
-func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request) ([]Result, time.Duration, error) {
+func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request, ev *events) ([]Result, time.Duration, error) {
 	firstDone := make(chan []Result, 1)
 	go func() {
 		res, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
@@ -276,18 +329,14 @@ func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request) ([]Re
 		<-firstDone
 		return nil, 0, err
 	}
-	budget := 3*time.Second + spec.Faults.Work
-	rest, spread := Fire(ctx, r.Client, reqs[1:], Retry{Until: time.Now().Add(budget), Base: 50 * time.Millisecond})
-	for i := range rest {
-		rest[i].Attempt++
-	}
+	rest, spread := r.fireRetries(ctx, spec, reqs[1:], ev)
 	return append(<-firstDone, rest...), spread, nil
 }
 
 // fireFailover holds the Redis pair's replication back, sends the first
 // attempt (acknowledged by the primary alone), promotes the replica, and
 // sends the retries, which reach the new primary.
-func (r *Runner) fireFailover(ctx context.Context, spec Spec, targets []string, reqs []Request, rep *Report) ([]Result, time.Duration, error) {
+func (r *Runner) fireFailover(ctx context.Context, spec Spec, targets []string, reqs []Request, rep *Report, ev *events) ([]Result, time.Duration, error) {
 	if err := r.failoverStep(ctx, targets[0], spec.Token, "hold"); err != nil {
 		if !errors.Is(err, lab.ErrFailoverUnderWay) {
 			// The hold may have happened with its answer lost: end it.
@@ -295,21 +344,19 @@ func (r *Runner) fireFailover(ctx context.Context, spec Spec, targets []string, 
 		}
 		return nil, 0, err
 	}
+	ev.add(EventFailoverHold, 0, "replication to the replica is held back: the primary alone acknowledges writes")
 	first, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
 	// Promote whatever the first attempt did: the pair must not stay held.
 	if err := r.failoverStep(context.WithoutCancel(ctx), targets[0], spec.Token, "promote"); err != nil {
 		return nil, 0, err
 	}
+	ev.add(EventFailoverPromote, 0, "the replica is the primary now; what only the old primary held is gone")
 	state, err := r.keyState(ctx, targets[0], spec)
 	if err != nil {
 		return nil, 0, err
 	}
 	rep.KeyAfterFault = state
-	budget := 3*time.Second + 3*spec.Faults.ClaimTTL
-	rest, spread := Fire(ctx, r.Client, reqs[1:], Retry{Until: time.Now().Add(budget), Base: 50 * time.Millisecond})
-	for i := range rest {
-		rest[i].Attempt++
-	}
+	rest, spread := r.fireRetries(ctx, spec, reqs[1:], ev)
 	return append(first, rest...), spread, nil
 }
 
@@ -351,6 +398,9 @@ func (r *Runner) request(spec Spec, target, run string, i int) Request {
 	if faults.Point == lab.FaultExpired {
 		faults.Point = "" // the server needs only the short window
 	}
+	if faults.Point != "" {
+		faults.Confine = spec.Confine // what its crash may forget
+	}
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+token)
 	h.Set("Idempotency-Key", spec.Key)
@@ -362,19 +412,23 @@ func (r *Runner) request(spec Spec, target, run string, i int) Request {
 	return Request{URL: target + "/charges?store=" + url.QueryEscape(string(spec.Store)), Header: h, Body: body}
 }
 
-func (r *Runner) restartStore(ctx context.Context, target string, store lab.StoreName, token string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/lab/restart-store?store="+url.QueryEscape(string(store)), nil)
+func (r *Runner) restartStore(ctx context.Context, target string, spec Spec) error {
+	u := target + "/lab/restart-store?store=" + url.QueryEscape(string(spec.Store))
+	if spec.Confine != "" {
+		u += "&key_prefix=" + url.QueryEscape(spec.Confine)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, nil)
 	if err != nil {
 		return fmt.Errorf("error building the restart request: %w", err)
 	}
-	req.Header.Set("Authorization", "Bearer "+token) // the run's namespace restarts, no other
+	req.Header.Set("Authorization", "Bearer "+spec.Token) // the run's namespace restarts, no other
 	resp, err := r.Client.Do(req)
 	if err != nil {
-		return fmt.Errorf("error restarting store %s at %s: %w", store, target, err)
+		return fmt.Errorf("error restarting store %s at %s: %w", spec.Store, target, err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("error restarting store %s at %s: status %d", store, target, resp.StatusCode)
+		return fmt.Errorf("error restarting store %s at %s: status %d", spec.Store, target, resp.StatusCode)
 	}
 	return nil
 }
@@ -526,6 +580,8 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		return fmt.Errorf("error reading the outbox: %w", err)
 	}
 	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered
+	rep.RunOutboxEvents, rep.RunOutboxDelivered = stats.OutboxEvents, stats.Delivered
+	rep.RunOutboxPending = max(0, stats.OutboxEvents-stats.Delivered-stats.Dead)
 
 	var replayLatencies []float64
 	byPath := map[string][]float64{}
@@ -544,13 +600,13 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		case f.Status == http.StatusConflict && f.Code == "idempotency_in_progress":
 			rep.InProgress++
 		}
-		answered := f.Status == http.StatusCreated || f.Status == http.StatusConflict || f.Status == http.StatusUnprocessableEntity
-		if answered && (f.Status != http.StatusCreated || f.Replayed) {
+		final := !retryable(f) && (f.Status == http.StatusCreated || f.Status == http.StatusConflict || f.Status == http.StatusUnprocessableEntity)
+		if final && (f.Status != http.StatusCreated || f.Replayed) {
 			rep.DuplicatesPrevented++ // answered without a charge
 		}
 		// The faulted attempt is expected to fail.
-		if !answered && !(i == 0 && faultHitsFirstAttempt(spec)) {
-			unanswered = append(unanswered, fmt.Sprintf("attempt %d: %s", res.Attempt, describe(f)))
+		if !final && !(i == 0 && faultHitsFirstAttempt(spec)) {
+			unanswered = append(unanswered, unansweredWhy(res, rep.ClientBudgetMS))
 		}
 		for _, t := range res.Tries {
 			if t.Status == 0 {
@@ -574,10 +630,10 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	case len(unanswered) > 0:
 		// Without answers the ledger's count says nothing about the store.
 		rep.Verdict = lab.Inconclusive
-		rep.Reason = fmt.Sprintf("%d attempt(s) got no usable answer (%s); the ledger holds %d charge(s) for this key",
+		rep.Reason = fmt.Sprintf("%d attempt(s) got no final answer (%s); the ledger holds %d charge(s) for this key",
 			len(unanswered), strings.Join(unanswered, "; "), rep.KeyCharges)
-		rep.Explanation = fmt.Sprintf("%s got no answer a client can act on, so the ledger's %d charge(s) for this key cannot be read as the store's doing",
-			strings.Join(unanswered, "; "), rep.KeyCharges)
+		rep.Explanation = fmt.Sprintf("%s. Without every attempt's final answer, the ledger's %d charge(s) for this key cannot be read as the store's doing",
+			strings.Join(unanswered, ". "), rep.KeyCharges)
 	case ev.prior > 0:
 		// A key with history: the run is judged by what it added.
 		rep.Verdict = lab.Holds
@@ -600,6 +656,30 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	}
 	rep.Note = note(rep)
 	return nil
+}
+
+// unansweredWhy says, in a sentence, why an attempt ended without a final
+// answer: what it was told last, and whether the client's budget ran out.
+func unansweredWhy(res Result, budgetMS float64) string {
+	f := res.Final()
+	at := f.StartMS + f.LatencyMS
+	var told string
+	switch {
+	case f.Status == 0:
+		told = "lost its connection without a response (" + f.Error + ")"
+	case f.Status == http.StatusAccepted:
+		told = "was still told 202 Accepted: the operation it polls had not finished"
+	case f.Status == http.StatusConflict && f.Code == "idempotency_in_progress":
+		told = "was still told 409: the first request was still in progress"
+	case f.Status >= 500:
+		told = fmt.Sprintf("was told %d %s, a failure the server asks to retry", f.Status, f.Code)
+	default:
+		return fmt.Sprintf("attempt %d was answered %s at %.0f ms, an answer that settles nothing (not 201, 409 or 422)", res.Attempt, describe(f), at)
+	}
+	if retryable(f) && len(res.Tries) > 0 && budgetMS > 0 {
+		return fmt.Sprintf("attempt %d %s at %.0f ms, after %d tries, and its client's %.0f ms budget ran out", res.Attempt, told, at, len(res.Tries), budgetMS)
+	}
+	return fmt.Sprintf("attempt %d %s at %.0f ms", res.Attempt, told, at)
 }
 
 func describe(t Try) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +59,29 @@ func TestUnansweredRunIsInconclusive(t *testing.T) {
 	}
 	if rep.Verdict != lab.Inconclusive || rep.DuplicatesPrevented != 0 || rep.KeyCharges != 1 {
 		t.Fatalf("verdict %s, prevented %d, key charges %d: %s", rep.Verdict, rep.DuplicatesPrevented, rep.KeyCharges, rep.Reason)
+	}
+}
+
+// TestMatrixTableAligns: every column of the plain-text matrix starts at
+// the same place on every line, whatever the length of the case titles.
+func TestMatrixTableAligns(t *testing.T) {
+	m := experiment.Matrix{Stores: []lab.StoreName{"unsafe", "redis+postgres"}}
+	for _, c := range experiment.Cases() {
+		m.Rows = append(m.Rows, experiment.Row{Case: c, Cells: []experiment.Cell{
+			{Store: "unsafe", Available: true, Verdict: lab.Breaks, Charges: 12, ExpectedCharges: 1},
+			{Store: "redis+postgres", Available: false},
+		}})
+	}
+	var b strings.Builder
+	if err := m.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(b.String(), "\n")[:len(m.Rows)+1]
+	col := func(l, word string) int { return strings.Index(l, word) }
+	header := lines[0]
+	for _, l := range lines[1:] {
+		if col(l, "breaks") != col(header, "unsafe") || col(l, "n/a") != col(header, "redis+postgres") {
+			t.Errorf("misaligned:\n%s\n%s", header, l)
+		}
 	}
 }

@@ -74,7 +74,11 @@ type Variant struct {
 	RequiresKey bool
 	// Effects is how the design's side effects leave: "outbox" or "direct".
 	Effects string
-	Needs   []Need
+	// Lifetime names what bounds a claim in time, when something does:
+	// "claim TTL" (a lock that expires) or "lease" (renewed while its worker
+	// lives). Runs draw it as a bar beside the claim; "" for none.
+	Lifetime string
+	Needs    []Need
 	// HowToEnable tells an operator what to set when a need is missing.
 	HowToEnable string
 	// Mechanisms explain the design's outcome in each case; a case without

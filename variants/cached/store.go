@@ -173,18 +173,22 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
 	if err := s.db.Reset(ctx, ns); err != nil {
 		return err
 	}
-	return s.forget(ctx, ns)
+	return s.forget(ctx, lab.Region{Namespace: ns})
 }
 
-// Restart is Redis restarting without persistence: the namespace's cache
-// is gone, PostgreSQL keeps every key, and replays fall back to it.
-func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error { return s.forget(ctx, ns) }
+// Restart is Redis restarting without persistence: the region's cache is
+// gone, PostgreSQL keeps every key, and replays fall back to it.
+func (s *Store) Restart(ctx context.Context, r lab.Region) error { return s.forget(ctx, r) }
 
-// forget deletes the namespace's cache entries ("" for all).
-func (s *Store) forget(ctx context.Context, ns lab.Namespace) error {
-	pattern := s.prefix + string(ns) + "|*"
-	if ns == "" {
-		pattern = s.prefix + "*"
+// forget deletes the region's cache entries (every entry with "").
+func (s *Store) forget(ctx context.Context, r lab.Region) error {
+	ns := "*"
+	if r.Namespace != "" {
+		ns = string(r.Namespace)
+	}
+	pattern := s.prefix + ns + "|*"
+	if r.KeyPrefix != "" { // namespace|tenant|endpoint|key; the prefix holds no glob character
+		pattern = s.prefix + ns + "|*|" + lab.Endpoint + "|" + r.KeyPrefix + "*"
 	}
 	iter := s.client.Scan(ctx, 0, pattern, 500).Iterator()
 	var batch []string

@@ -420,7 +420,7 @@ func restart(t *testing.T, e *env) {
 	a := e.attempt("acme", "k-restart", 2500, "", lab.Faults{})
 	out, err := e.charge(t, a)
 	first := fresh(t, "first", out, err).Response
-	if err := r.Restart(t.Context(), lab.NamespaceOf("acme")); err != nil {
+	if err := r.Restart(t.Context(), lab.Region{Namespace: lab.NamespaceOf("acme")}); err != nil {
 		t.Fatalf("restart: %v", err)
 	}
 	out, err = e.charge(t, a)

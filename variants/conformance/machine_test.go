@@ -413,7 +413,7 @@ func (m *machine) twins(t *rapid.T, s slot, amount int64, n int) {
 
 func (m *machine) restart(t *rapid.T, r lab.Restarter, role string) {
 	ns := m.namespace(role)
-	if err := r.Restart(t.Context(), ns); err != nil {
+	if err := r.Restart(t.Context(), lab.Region{Namespace: ns}); err != nil {
 		t.Fatalf("restart of %q: %v", ns, err)
 	}
 	t.Logf("restart of namespace %q", ns)

@@ -114,8 +114,16 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays until its lease ends; then a retry takes over
 	}
-	// The work, outside any transaction: nothing is held while it runs.
-	if err := a.Faults.Pause(ctx); err != nil {
+	// The work, outside any transaction: nothing is held while it runs. A
+	// live worker renews its lease meanwhile, so slow work keeps its claim;
+	// a stale worker (a pause of the whole process) renews nothing.
+	stopRenewing := func() {}
+	if !a.Faults.Has(lab.FaultStaleWorker) {
+		stopRenewing = s.renew(ctx, a.Scope, cl, lease)
+	}
+	err := a.Faults.Pause(ctx)
+	stopRenewing()
+	if err != nil {
 		s.release(a, cl)
 		return lab.Outcome{}, err
 	}
@@ -137,6 +145,45 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	return out, nil
+}
+
+// renew extends the claim's lease every third of it while the work runs,
+// for as long as the claim is still this worker's; the returned func stops
+// it and waits until it stopped. A renewal that finds the token gone stops:
+// the write will be fenced.
+func (s *Store) renew(ctx context.Context, sc lab.Scope, cl claim, lease time.Duration) (stop func()) {
+	every := max(lease/3, 10*time.Millisecond)
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			tag, err := s.pool.Exec(ctx, `
+				UPDATE lease_requests SET lease_expires_at = $5::timestamptz + make_interval(secs => $6)
+				WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND attempt_token = $4 AND state = 'in_flight'`,
+				sc.Tenant, sc.Endpoint, sc.Key, cl.token, s.now(), lease.Seconds())
+			switch {
+			case err != nil:
+				s.log.WarnContext(ctx, "renewing a lease failed; trying again", "key", sc.Key, "err", err)
+			case tag.RowsAffected() == 0:
+				return // taken over: nothing left to renew
+			default:
+				lab.Mark(ctx, lab.PhaseRenew)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+	}
 }
 
 // wakeKey names a key among the waits of this process.
@@ -275,12 +322,17 @@ func (e *staleError) Unwrap() error { return e.err }
 // now.
 func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error) (lab.Outcome, error) {
 	s.log.WarnContext(ctx, "stale worker fenced out: the ledger refused its write", "key", a.Scope.Key, "token", cl.token, "err", cause)
+	r, err := s.read(ctx, a.Scope, s.now())
+	detail := fmt.Sprintf("write refused: token %d is stale", cl.token)
+	if err == nil {
+		detail = fmt.Sprintf("write refused: token %d < %d", cl.token, r.token)
+	}
+	lab.MarkDetail(ctx, lab.PhaseFenced, detail)
 	if _, err := s.pool.Exec(ctx, `
 		INSERT INTO fenced_writes (tenant_id, idempotency_key, stale_token, charge_id, run_id, refused_at) VALUES ($1, $2, $3, $4, $5, $6)`,
 		a.Scope.Tenant, a.Scope.Key, cl.token, cl.chargeID, a.Run, s.now()); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error recording a fenced write: %w", err)
 	}
-	r, err := s.read(ctx, a.Scope, s.now())
 	switch {
 	case err == nil && r.state == lab.KeyCompleted && r.fingerprint != a.Fingerprint:
 		return lab.Outcome{}, lab.ErrKeyReused // another request took the abandoned key over

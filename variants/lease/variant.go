@@ -16,6 +16,7 @@ func Variant() variant.Variant {
 		Keys:        "PostgreSQL table lease_requests, claimed in its own short transaction, visible while the work runs",
 		RequiresKey: true,
 		Effects:     "outbox",
+		Lifetime:    "lease",
 		Needs:       []variant.Need{variant.NeedPostgres},
 		HowToEnable: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
@@ -26,7 +27,7 @@ func Variant() variant.Variant {
 				Breaks: "the committed claim did not stop a duplicate"},
 			variant.CaseReplicas: {Usual: lab.Holds, Holds: "every replica claims in the same table: one owner, one token across them all",
 				Breaks: "the claim did not stop a duplicate across replicas"},
-			variant.FaultCase(lab.FaultSlow): {Usual: lab.Holds, Holds: "whatever the lease, only the current token's write is accepted by the ledger: a take-over fences the slow worker out",
+			variant.FaultCase(lab.FaultSlow): {Usual: lab.Holds, Holds: "the slow worker is alive and renews its lease while it works, so nobody takes over: the retries wait, get 202 with the operation's Location, poll it, and replay the one charge (and a take-over, had the lease run out, would be fenced by the ledger)",
 				Breaks: "two writes were accepted for one key"},
 			variant.FaultCase(lab.FaultCrashAfterClaim): {Usual: lab.Holds, Holds: "the committed claim stayed behind without a charge: retries waited, then one took over with the next token and charged once",
 				Breaks: "the abandoned claim let two charges in"},

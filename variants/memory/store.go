@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -351,7 +352,7 @@ func (s *Store) claim(a lab.Attempt, fp [sha256.Size]byte) (e *entry, done chan 
 
 func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outcome, error) {
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
-		s.crash(lab.NamespaceOf(a.Scope.Tenant))
+		s.crash(lab.CrashRegion(a))
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
@@ -369,7 +370,7 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		return lab.Outcome{}, err
 	}
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
-		s.crash(lab.NamespaceOf(a.Scope.Tenant))
+		s.crash(lab.CrashRegion(a))
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	retention := a.Faults.RetentionOr(s.window)
@@ -407,41 +408,62 @@ func (s *Store) settleLater(e *entry, a lab.Attempt) {
 	s.settleLocked(e, unsettled, retention) // kept no longer than a completed key
 }
 
-// crash loses the namespace's keys, as the death of this replica's process
-// would lose them all, and takes down the requests waiting on them: their
-// connections die too. Other namespaces keep theirs: one attendee's crash
-// is not another's.
-func (s *Store) crash(ns lab.Namespace) {
+// crash loses the region's keys (its namespace's, or the confined part of
+// them), as the death of this replica's process would lose them all, and
+// takes down the requests waiting on them: their connections die too.
+// Other namespaces keep theirs: one attendee's crash is not another's.
+func (s *Store) crash(r lab.Region) {
 	s.mu.Lock()
 	var dying []chan struct{}
-	if p := s.parts[ns]; p != nil {
+	if p := s.parts[r.Namespace]; p != nil {
 		for e := range p.inFlight {
-			e.state = crashed
-			dying = append(dying, e.claim.done)
+			if r.KeyPrefix == "" || strings.HasPrefix(e.scope().Key, r.KeyPrefix) {
+				e.state = crashed
+				dying = append(dying, e.claim.done)
+			}
 		}
 	}
-	delete(s.parts, ns)
+	s.forgetLocked(r)
 	s.mu.Unlock()
 	for _, done := range dying {
 		close(done)
 	}
 }
 
-// Restart forgets the namespace's keys ("" for every key), as a process
-// restart does.
-func (s *Store) Restart(_ context.Context, ns lab.Namespace) error {
+// forgetLocked drops the region's entries: a whole part at once, or the
+// confined keys one by one.
+func (s *Store) forgetLocked(r lab.Region) {
+	switch {
+	case r.Namespace == "" && r.KeyPrefix == "":
+		s.parts, s.expiry = map[lab.Namespace]*part{}, nil
+	case r.KeyPrefix == "":
+		delete(s.parts, r.Namespace)
+	default:
+		for ns, p := range s.parts {
+			if r.Namespace != "" && ns != r.Namespace {
+				continue
+			}
+			for _, e := range p.entries {
+				if strings.HasPrefix(e.scope().Key, r.KeyPrefix) {
+					s.deleteLocked(e)
+				}
+			}
+		}
+	}
+}
+
+// Restart forgets the region's keys, as a process restart does.
+func (s *Store) Restart(_ context.Context, r lab.Region) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ns == "" {
-		s.parts, s.expiry = map[lab.Namespace]*part{}, nil
-		return nil
-	}
-	delete(s.parts, ns)
+	s.forgetLocked(r)
 	return nil
 }
 
 // Reset forgets the namespace's keys ("" for every key).
-func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error { return s.Restart(ctx, ns) }
+func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
+	return s.Restart(ctx, lab.Region{Namespace: ns})
+}
 
 // Sweep evicts every expired key.
 func (s *Store) Sweep(context.Context) (int, error) {

@@ -410,3 +410,38 @@ func TestOldestInFlight(t *testing.T) {
 		}
 	})
 }
+
+// TestConfinedCrashForgetsOnlyItsKeys: a crash confined to a key prefix (a
+// matrix cell's) forgets the namespace's keys under it and no other: the
+// caller's own key still replays.
+func TestConfinedCrashForgetsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	s := newStore(t, memory.Config{})
+	ctx := context.Background()
+	for _, key := range []string{"mine-1", "matrix-b1-done"} {
+		if _, err := s.Charge(ctx, attempt(key, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crash := attempt("matrix-b1-crash", 100)
+	crash.Faults = lab.Faults{Point: lab.FaultCrashAfterCharge, Confine: "matrix-b1-"}
+	if _, err := s.Charge(ctx, crash); !errors.Is(err, lab.ErrCrash) {
+		t.Fatalf("crash: %v", err)
+	}
+	for key, want := range map[string]string{"mine-1": lab.KeyCompleted, "matrix-b1-done": lab.KeyAbsent, "matrix-b1-crash": lab.KeyAbsent} {
+		if k, err := s.Lookup(ctx, attempt(key, 100).Scope); err != nil || k.State != want {
+			t.Errorf("%s after the confined crash: %s (%v), want %s", key, k.State, err, want)
+		}
+	}
+	if out, err := s.Charge(ctx, attempt("mine-1", 100)); err != nil || !out.Replayed {
+		t.Fatalf("the caller's key after the crash: replayed %v, %v", out.Replayed, err)
+	}
+	// Unconfined, a crash forgets the namespace's every key, as a dying process would.
+	crash.Faults.Confine = ""
+	if _, err := s.Charge(ctx, crash); !errors.Is(err, lab.ErrCrash) {
+		t.Fatalf("crash: %v", err)
+	}
+	if k, _ := s.Lookup(ctx, attempt("mine-1", 100).Scope); k.State != lab.KeyAbsent {
+		t.Fatalf("mine-1 after an unconfined crash: %s", k.State)
+	}
+}

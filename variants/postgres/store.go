@@ -592,11 +592,14 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
 	return nil
 }
 
-// Restart kills the database sessions serving a namespace, as a server
-// restart would kill every session: their open transactions roll back,
-// committed rows stay. Another namespace's sessions are not touched. With
-// "" it kills every session of this lab (the admin's restart).
-func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error {
+// Restart kills the database sessions serving the region's namespace, as a
+// server restart would kill every session: their open transactions roll
+// back, committed rows stay. Nothing durable is lost, so a region confined
+// to a key prefix loses no more than its namespace's sessions in flight,
+// whose retries are safe. Another namespace's sessions are not touched.
+// With "" it kills every session of this lab (the admin's restart).
+func (s *Store) Restart(ctx context.Context, r lab.Region) error {
+	ns := r.Namespace
 	if ns == "" {
 		if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.appName); err != nil {

@@ -183,7 +183,7 @@ func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
 	if _, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, "")); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Restart(context.Background(), ""); err != nil {
+	if err := s.Restart(context.Background(), lab.Region{}); err != nil {
 		t.Fatal(err)
 	}
 	out, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, ""))

@@ -438,11 +438,37 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
 	return s.deleteAll(ctx, ns)
 }
 
-// Restart loses a namespace's keys ("" for all the lab's), as Redis
-// restarting without persistence loses every key. Only the lab's own keys
-// are deleted, never the whole database, and one attendee's restart never
-// touches another's keys.
-func (s *Store) Restart(ctx context.Context, ns lab.Namespace) error { return s.Reset(ctx, ns) }
+// Restart loses the region's keys (a namespace's, "" for all the lab's, or
+// only those under a key prefix), as Redis restarting without persistence
+// loses every key. Only the lab's own keys are deleted, never the whole
+// database, and one attendee's restart never touches another's keys.
+func (s *Store) Restart(ctx context.Context, r lab.Region) error {
+	if r.KeyPrefix == "" {
+		return s.Reset(ctx, r.Namespace)
+	}
+	stores := []*Store{s}
+	if s.onPair != nil && s.onPair != s {
+		stores = append(stores, s.onPair)
+	}
+	for _, st := range stores {
+		err := st.scanPattern(ctx, st.confined(r), func(keys []string) error { return st.client.Unlink(ctx, keys...).Err() })
+		if err != nil {
+			return fmt.Errorf("error deleting keys under %q: %w", r.KeyPrefix, err)
+		}
+	}
+	return nil
+}
+
+// confined matches the region's keys under its prefix: the tenant and the
+// endpoint are escaped (no '|' inside them), and so is the prefix, which
+// holds no glob character (lab.CheckKeyPrefix).
+func (s *Store) confined(r lab.Region) string {
+	ns := s.prefix + "idem:*|"
+	if r.Namespace != "" {
+		ns = s.nsPrefix(r.Namespace)
+	}
+	return ns + "*|*|" + url.QueryEscape(r.KeyPrefix) + "*"
+}
 
 func (s *Store) deleteAll(ctx context.Context, ns lab.Namespace) error {
 	listings := []string{s.index(ns)}

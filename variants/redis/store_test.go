@@ -194,7 +194,7 @@ func TestRestartDeletesOnlyTheLabsKeys(t *testing.T) {
 		if _, err := s.Charge(ctx, attempt("k-restart", 100, lab.Faults{})); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Restart(ctx, ""); err != nil {
+		if err := s.Restart(ctx, lab.Region{}); err != nil {
 			t.Fatal(err)
 		}
 		if k, _ := s.Lookup(ctx, attempt("k-restart", 100, lab.Faults{}).Scope); k.State != lab.KeyAbsent {
@@ -291,7 +291,7 @@ func TestKeysComeFromTheListing(t *testing.T) {
 				t.Fatalf("acme's listing holds %+v", k)
 			}
 		}
-		if err := s.Restart(ctx, "beta"); err != nil {
+		if err := s.Restart(ctx, lab.Region{Namespace: "beta"}); err != nil {
 			t.Fatal(err)
 		}
 		if _, total, _ := s.Keys(ctx, "beta", 5); total != 0 {
@@ -353,4 +353,29 @@ func BenchmarkReplay(b *testing.B) {
 			b.Fatal(out, err)
 		}
 	}
+}
+
+// TestConfinedRestartForgetsOnlyItsKeys: a restart confined to a key prefix
+// (a matrix cell's) deletes the namespace's keys under it and keeps the
+// others, the caller's own among them.
+func TestConfinedRestartForgetsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	eachServer(t, func(t *testing.T, url string) {
+		s := newStore(t, url, inmem.NewBooks(time.Now))
+		ctx := context.Background()
+		for _, key := range []string{"matrix-b1-restart", "matrix-b1-other", "mine-1", "matrix-b2-x"} {
+			if _, err := s.Charge(ctx, attempt(key, 100, lab.Faults{})); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.Restart(ctx, lab.Region{Namespace: "acme", KeyPrefix: "matrix-b1-"}); err != nil {
+			t.Fatal(err)
+		}
+		for key, want := range map[string]string{"matrix-b1-restart": lab.KeyAbsent, "matrix-b1-other": lab.KeyAbsent,
+			"mine-1": lab.KeyCompleted, "matrix-b2-x": lab.KeyCompleted} {
+			if k, err := s.Lookup(ctx, attempt(key, 100, lab.Faults{}).Scope); err != nil || k.State != want {
+				t.Errorf("%s after the confined restart: %s (%v), want %s", key, k.State, err, want)
+			}
+		}
+	})
 }
