@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -95,15 +96,28 @@ func shots(ctx context.Context, t *testing.T, name string) {
 		opts          []chromedp.EmulateViewportOption
 	}{
 		{"desktop", 1280, 900, nil},
-		{"phone", 390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateMobile, chromedp.EmulateScale(2)}},
+		// Not emulated as mobile: a mobile layout viewport widens to fit
+		// what overflows, which would hide the very scroll this looks for.
+		{"phone", 390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateScale(2)}},
 	} {
 		if err := chromedp.Do(ctx, chromedp.EmulateViewport(size.width, size.height, size.opts...),
 			chromedp.Evaluate[chromedp.Void](`void window.dispatchEvent(new Event("resize"))`)); err != nil {
 			t.Fatal(err)
 		}
 		if size.name == "phone" {
-			if w, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`)); err != nil || len(w) != 2 || w[0] > w[1] {
-				t.Errorf("%s at phone width: the page is %v wide, the screen %v (%v)", name, w[0:1], w[1:], err)
+			if w, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`)); err != nil || len(w) != 2 || w[1] != 390 || w[0] > 390 {
+				t.Errorf("%s at phone width: the page is %v wide in a %v px layout viewport, want at most 390 (%v)", name, w[0:1], w[1:], err)
+			}
+			// Every option of every select shows whole in its control.
+			cut, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
+				const c = document.createElement("canvas").getContext("2d"), out = [];
+				for (const sel of document.querySelectorAll("select")) {
+					c.font = getComputedStyle(sel).font;
+					for (const o of sel.options) if (c.measureText(o.text).width > sel.clientWidth - 30) out.push(sel.id + ": " + o.text);
+				}
+				return out; })()`))
+			if err != nil || len(cut) > 0 {
+				t.Errorf("%s at phone width: options cut short: %v (%v)", name, cut, err)
 			}
 		}
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -115,6 +129,17 @@ func shots(ctx context.Context, t *testing.T, name string) {
 			t.Fatal(err)
 		}
 		t.Logf("screenshot: %s", path)
+		if size.name == "desktop" { // the result panel alone, as the README shows it
+			png, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.ID("result")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, name+"-result.png")
+			if err := os.WriteFile(path, png, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("screenshot: %s", path)
+		}
 	}
 	if err := chromedp.Do(ctx, chromedp.EmulateReset()); err != nil {
 		t.Fatal(err)
@@ -351,20 +376,72 @@ func TestPageShowsTheRace(t *testing.T) {
 	if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
 		t.Fatalf("no redis result: %v", err)
 	}
-	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`[Number(document.querySelector("#result rect.ttl").dataset.end),
+	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => { const first = document.querySelector("#result rect.ttl");
+		return [Number(first.dataset.start), Number(first.dataset.end),
 		Math.min(...[...document.querySelectorAll("#result g.phase.commit")].map(g => Number(g.dataset.at))),
-		Math.min(...[...document.querySelectorAll("#result g.phase.claim")].map(g => Number(g.dataset.at)))]`))
+		Math.min(...[...document.querySelectorAll("#result g.phase.claim")].map(g => Number(g.dataset.at)))] })()`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bars) != 3 || bars[0] != 100 || !(bars[0] < bars[1]) || !(bars[2] < bars[0]) {
-		t.Fatalf("TTL bar ends at %v, the first commit at %v, the first claim at %v: want claim, TTL over, then commit", bars[0], bars[1], bars[2])
+	if len(bars) != 4 || bars[0] != bars[3] || math.Abs(bars[1]-bars[0]-100) > 0.01 || !(bars[1] < bars[2]) {
+		t.Fatalf("TTL bar %v → %v, the first commit at %v, the first claim at %v: want the bar from the claim for 100 ms, over before the commit", bars[0], bars[1], bars[2], bars[3])
+	}
+	// The tiles show the run's own figures; a total says so, and money reads as money.
+	if tiles, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`["run-cents", "total-balance"].map(n => document.querySelector("#result [data-figure=" + n + "]").textContent)`)); err != nil ||
+		len(tiles) != 2 || !strings.HasPrefix(tiles[0], "$") || !strings.HasPrefix(tiles[1], "$") || !strings.Contains(tiles[1], "total") {
+		t.Errorf("tiles %q (%v): want the run's charge and the balance's total, in money", tiles, err)
+	}
+
+	// A stale worker, on redis and on lease: the retries' claims are drawn
+	// after the first claim's TTL or lease ran out, as they happened; on
+	// lease the ledger's refusal of the paused worker's write is its own mark.
+	for _, store := range []string{"redis", "lease"} {
+		fire(chromedp.SetValue(chromedp.ID("store"), store), chromedp.SetValue(chromedp.ID("compare"), ""),
+			chromedp.SetValue(chromedp.ID("fault"), "stale_worker"), chromedp.Evaluate[chromedp.Void](`void document.getElementById("fault").dispatchEvent(new Event("change"))`),
+			chromedp.SetValue(chromedp.ID("attempts"), "3"), chromedp.SetValue(chromedp.ID("key"), "page-stale-"+store))
+		if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
+			t.Fatalf("no %s stale worker result: %v", store, err)
+		}
+		type stale struct {
+			TTLEnd        float64   `json:"ttlEnd"`
+			RetryClaims   []float64 `json:"retryClaims"`
+			Fenced        int       `json:"fenced"`
+			FenceLabel    string    `json:"fenceLabel"`
+			RetryReleased float64   `json:"released"`
+		}
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[stale](`(() => {
+			const bar = document.querySelector('#result rect.ttl[data-attempt="1"]');
+			const claims = [...document.querySelectorAll('#result g.lane:not([data-attempt="1"]) g.phase.claim')].map(g => Number(g.dataset.at));
+			const moment = document.querySelector('#result g.moment[data-name="retries_released"]');
+			return {ttlEnd: bar ? Number(bar.dataset.end) : -1, retryClaims: claims,
+				fenced: document.querySelectorAll('#result g.lane[data-attempt="1"] g.phase.fenced').length,
+				fenceLabel: document.querySelector("#result text.fencelabel")?.textContent ?? "",
+				released: moment ? Number(moment.dataset.at) : -1}; })()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.TTLEnd <= 0 || len(got.RetryClaims) == 0 || got.RetryReleased < got.TTLEnd {
+			t.Fatalf("%s: %+v: want the first claim's bar, a retry's claim, and the retries released after the bar's end", store, got)
+		}
+		for _, c := range got.RetryClaims {
+			if c < got.TTLEnd {
+				t.Errorf("%s: a retry's claim is drawn at %.1f ms, inside the first claim's TTL (ends %.1f ms)", store, c, got.TTLEnd)
+			}
+		}
+		switch {
+		case store == "lease" && (got.Fenced != 1 || !strings.HasPrefix(got.FenceLabel, "write refused: token ")):
+			t.Errorf("lease: %d fenced marks, label %q: want the refused write drawn and labelled", got.Fenced, got.FenceLabel)
+		case store == "redis" && got.Fenced != 0:
+			t.Errorf("redis has no fence, yet %d fenced marks", got.Fenced)
+		}
+		shots(ctx, t, "stale-worker-"+store)
 	}
 	// Every run of the session can be opened again: the side-by-side one.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#history li:last-child button`))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run g.lane").length === 10`)); err != nil {
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run g.lane").length === 10 &&
+		document.querySelectorAll(".pair .run rect.ttl").length === 0`)); err != nil {
 		t.Fatalf("reopening the first run: %v", err)
 	}
 
