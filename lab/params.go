@@ -30,6 +30,38 @@ func ParseQuery(raw string) (Query, error) {
 	return Query{v}, nil
 }
 
+// Names lists the parameters present, sorted.
+func (q Query) Names() []string {
+	names := make([]string, 0, len(q.values))
+	for n := range q.values {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Allow refuses any parameter but the named ones, and any parameter given
+// twice: a typo or a stray parameter is a 400 naming it, never silently
+// ignored, and a route sees each value once whether or not it reads it.
+func (q Query) Allow(names ...string) error {
+	for _, n := range q.Names() {
+		if !slices.Contains(names, n) {
+			param := n
+			if n == "" || !utf8.ValidString(n) || hasControl(n) || len(n) > MaxNameBytes {
+				param = "query" // the problem names it quoted, not raw
+			}
+			if len(names) == 0 {
+				return Invalid(param, "%s is not a parameter of this route, which takes none", clip(n))
+			}
+			return Invalid(param, "%s is not a parameter of this route; it takes %s", clip(n), strings.Join(names, ", "))
+		}
+		if vs := q.values[n]; len(vs) > 1 {
+			return Invalid(n, "must be given at most once (got %d values)", len(vs))
+		}
+	}
+	return nil
+}
+
 // Lookup returns the parameter's value and whether it is present. A
 // parameter given more than once is an *InvalidError: two readers must never
 // see two different values.

@@ -173,7 +173,7 @@ func TestThreeProcesses(t *testing.T) {
 			key := "cluster-" + store
 			route := "/charge-idempotent?store=" + store
 			if store == "unsafe" {
-				route = "/charge-unsafe?x=1"
+				route = "/charge-unsafe?account=acct-1"
 			}
 			r := labtest.Do(t, http.MethodGet, procs[0].url+route+"&replicas=3&attempts=9&key="+key, nil, "")
 			if r.Status != http.StatusOK {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -242,6 +243,9 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	if err != nil {
 		return spec, 0, err
 	}
+	if err := s.faultParamsApply(q, &spec, fault); err != nil {
+		return spec, 0, err
+	}
 	_, ttlGiven, _ := q.Lookup("ttl_ms")
 	if fault == "none" && !ttlGiven {
 		return spec, int(replicas), nil // a plain run: no Lab-Fault header at all
@@ -289,6 +293,47 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 		spec.Faults.Retention = time.Duration(window) * time.Millisecond
 	}
 	return spec, int(replicas), nil
+}
+
+// faultParams are the run parameters that belong to one fault or another.
+var faultParams = []string{"work_ms", "ttl_ms", "window_ms"}
+
+// faultParamsApply refuses a fault parameter that the chosen fault does not
+// take (ttl_ms, the claim TTL, also goes without a fault), and notes those
+// that the store has nothing to apply to: the page sends one query to two
+// stores side by side, so a parameter of the fault is accepted on both.
+func (s *Server) faultParamsApply(q lab.Query, spec *experiment.Spec, fault string) error {
+	var takes []string
+	for _, f := range lab.FaultSpecs() {
+		if string(f.Point) == fault {
+			takes = f.Params
+		}
+	}
+	if fault == "none" {
+		takes = []string{"ttl_ms"}
+	}
+	v, _ := s.deps.Variants.Get(spec.Store)
+	for _, p := range faultParams {
+		if _, present, _ := q.Lookup(p); !present {
+			continue
+		}
+		if !slices.Contains(takes, p) {
+			var by []string
+			for _, f := range lab.FaultSpecs() {
+				if slices.Contains(f.Params, p) {
+					by = append(by, string(f.Point))
+				}
+			}
+			return lab.Invalid(p, "belongs to fault %s, and this run's fault is %s", strings.Join(by, ", "), fault)
+		}
+		switch {
+		case p == "ttl_ms" && v.Lifetime == "":
+			spec.Ignored = append(spec.Ignored, "ttl_ms has no effect on "+string(spec.Store)+": nothing bounds its claims in time")
+		case p == "window_ms" && !v.RequiresKey:
+			spec.Ignored = append(spec.Ignored, "window_ms has no effect on "+string(spec.Store)+": it keeps no keys")
+		}
+	}
+	return nil
 }
 
 // state lists stored keys (bounded, newest first), or one key's state.

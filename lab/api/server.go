@@ -180,32 +180,100 @@ func New(cfg Config, deps Deps) *Server {
 		},
 	}))
 	g := e.Group(strings.TrimSuffix(cfg.BasePath, "/"))
-	any := []string{http.MethodGet, http.MethodPost}
-	g.POST("/charges", s.postCharge)
-	g.GET("/", s.index)
-	g.GET("/health", s.health)
-	g.GET("/ready", s.ready)
-	g.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
-	g.Match(any, "/charge-unsafe", s.chargeUnsafe)
-	g.Match(any, "/charge-idempotent", s.chargeIdempotent)
-	g.GET("/idempotency/state", s.state)
-	g.GET("/outbox", s.outbox)
-	g.POST("/outbox/:id/retry", s.retryEvent)
-	g.GET("/diagnostics/summary", s.summary)
-	g.Match(any, "/reset-lab", s.resetLab)
-	g.POST("/lab/restart-store", s.restartStore)
-	g.POST("/lab/join", s.join)
-	g.GET("/lab/matrix", s.matrix)
-	g.GET("/lab/runs", s.listRuns)
-	g.GET("/lab/runs/:id", s.run)
-	g.POST("/webhooks/provider", s.providerWebhook)
-	g.GET("/lab/reconcile", s.reconcileCheck)
-	g.GET("/lab/effects", s.effectsMatrix)
-	g.GET("/operations/:key", s.operation)
-	g.POST("/lab/failover", s.failover)
+	metricsHandler := echo.WrapHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	for _, rt := range s.routes(metricsHandler) {
+		g.Match(rt.methods, rt.path, rt.handler, takes(rt.params))
+	}
 	s.echo = e
 	return s
 }
+
+// route is one of the lab's routes and the query parameters it takes.
+type route struct {
+	methods []string
+	path    string
+	params  []string
+	handler echo.HandlerFunc
+}
+
+// runParams are what a lab run takes; which fault parameters apply depends
+// on the fault (lab.FaultSpecs), checked when the run is read.
+var runParams = []string{"key", "account", "attempts", "amount", "replicas", "order_id", "scenario", "fault", "work_ms", "ttl_ms", "window_ms"}
+
+// routes lists every route with the parameters it takes: one table the
+// router, the strict query check and its fuzz target all read.
+func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
+	get, post, any := []string{http.MethodGet}, []string{http.MethodPost}, []string{http.MethodGet, http.MethodPost}
+	return []route{
+		{post, "/charges", []string{"store"}, s.postCharge},
+		{get, "/", nil, s.index},
+		{get, "/health", nil, s.health},
+		{get, "/ready", nil, s.ready},
+		{get, "/metrics", nil, metricsHandler},
+		{any, "/charge-unsafe", runParams, s.chargeUnsafe},
+		{any, "/charge-idempotent", append([]string{"store"}, runParams...), s.chargeIdempotent},
+		{get, "/idempotency/state", []string{"limit", "store", "key", "account"}, s.state},
+		{get, "/outbox", []string{"limit"}, s.outbox},
+		{post, "/outbox/:id/retry", nil, s.retryEvent},
+		{get, "/diagnostics/summary", nil, s.summary},
+		{any, "/reset-lab", []string{"all", "local"}, s.resetLab},
+		{post, "/lab/restart-store", []string{"store", "all", "key_prefix"}, s.restartStore},
+		{post, "/lab/join", nil, s.join},
+		{get, "/lab/matrix", []string{"format"}, s.matrix},
+		{get, "/lab/runs", []string{"limit"}, s.listRuns},
+		{get, "/lab/runs/:id", nil, s.run},
+		{post, "/webhooks/provider", nil, s.providerWebhook},
+		{get, "/lab/reconcile", []string{"run"}, s.reconcileCheck},
+		{get, "/lab/effects", []string{"format"}, s.effectsMatrix},
+		{get, "/operations/:key", []string{"store"}, s.operation},
+		{post, "/lab/failover", []string{"step"}, s.failover},
+	}
+}
+
+// prettyParam is Echo's own: present, it indents a JSON answer.
+const prettyParam = "pretty"
+
+// takes refuses a request whose query is malformed, names a parameter the
+// route does not take, or repeats one — on every route alike, before the
+// handler reads anything.
+func takes(params []string) echo.MiddlewareFunc {
+	allowed := append([]string{prettyParam}, params...)
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			if err := checkQuery(c.Request().URL.RawQuery, allowed); err != nil {
+				return err
+			}
+			return next(c)
+		}
+	}
+}
+
+// checkQuery is the check takes runs: the query parses, every parameter is
+// allowed and given once, and pretty, if given, is empty or "true".
+func checkQuery(raw string, allowed []string) error {
+	q, err := lab.ParseQuery(raw)
+	if err != nil {
+		return err
+	}
+	for _, p := range []string{"tenant", "other_tenant"} {
+		if _, present, _ := q.Lookup(p); present {
+			return lab.Invalid(p, "is not a parameter: a run acts as the tenant of your token (none: the public namespace)")
+		}
+	}
+	for _, p := range []string{"token", "admin_token", "access_token"} {
+		if _, present, _ := q.Lookup(p); present {
+			return lab.Invalid(p, "is not a parameter: a token goes in the Authorization header (Bearer), never in a URL, where logs and histories keep it")
+		}
+	}
+	if err := q.Allow(allowed...); err != nil {
+		return err
+	}
+	if v, present, _ := q.Lookup(prettyParam); present && v != "" && v != "true" {
+		return lab.Invalid(prettyParam, "takes no value (or true): it indents the JSON answer (got %q)", v)
+	}
+	return nil
+}
+
 
 // maxBody bounds every request body; the charge API needs far less.
 const maxBody = 64 << 10
@@ -443,7 +511,14 @@ func (s *Server) index(c echo.Context) error {
 	for _, v := range variants {
 		byName[v.Name] = v
 	}
+	params := map[string][]string{}
+	for _, rt := range s.routes(nil) {
+		for _, m := range rt.methods {
+			params[m+" "+base+rt.path] = append([]string{prettyParam}, rt.params...)
+		}
+	}
 	return c.JSON(http.StatusOK, Index{
+		RouteParams:  params,
 		Lab:          "idempotency lab: why a retried charge is applied twice, and which designs stop it",
 		Replica:      s.cfg.Replica,
 		Ledger:       s.deps.Books.Kind(),
@@ -483,6 +558,10 @@ type Index struct {
 	Faults      FaultIndex                     `json:"faults"`
 	MaxReplicas int                            `json:"max_replicas"`
 	Routes      []string                       `json:"routes"`
+	// RouteParams are the query parameters each route takes ("GET /outbox":
+	// limit, pretty); any other is a 400. The fault parameters of a run
+	// apply as faults.points lists them.
+	RouteParams map[string][]string `json:"route_params"`
 }
 
 // VariantIndex describes one registered variant and whether it runs here.

@@ -46,6 +46,9 @@ type Spec struct {
 	OtherToken  string
 	Faults      lab.Faults
 	Matrix      string // the matrix batch this run is a cell of, if any
+	// Ignored says which of the run's parameters its store has nothing to
+	// apply to; the note repeats it.
+	Ignored []string
 	// Confine, when set, is a prefix of Key: the run's crash or restart
 	// forgets only the namespace's keys under it (the matrix's cells do).
 	Confine string
@@ -655,6 +658,9 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		rep.Explanation = r.explain(spec, rep.Replicas, rep.Verdict)
 	}
 	rep.Note = note(rep)
+	for _, ig := range spec.Ignored {
+		rep.Note += "; " + ig
+	}
 	return nil
 }
 
