@@ -356,6 +356,9 @@ var (
 	ErrEventDelivered = errors.New("outbox event already delivered")
 	// ErrEventInFlight refuses to re-queue an event a relay worker holds.
 	ErrEventInFlight = errors.New("outbox event is being delivered")
+	// ErrRunNotFound is a run id the lab never opened (a Lab-Run header
+	// must name a run of the caller's namespace).
+	ErrRunNotFound = errors.New("no such run")
 )
 
 // OrderConflictError reports a charge for an order that was already charged.

@@ -354,7 +354,7 @@ func TestMatrixStreams(t *testing.T) {
 		if !l.Cell.Available {
 			continue
 		}
-		s, err := a.Books().RunStats(t.Context(), l.Cell.RunID)
+		s, err := a.Books().RunStats(t.Context(), "acme", l.Cell.RunID)
 		if err != nil || s.Charges != l.Cell.Charges {
 			t.Errorf("%s/%s: the stream says %d charges, the ledger holds %d for run %s (%v)", l.Case, l.Cell.Store, l.Cell.Charges, s.Charges, l.Cell.RunID, err)
 		}

@@ -111,6 +111,7 @@ func TestEffectsExactlyOnceAtAFlakyProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	const charges = 200
+	openRun(t, a, "run-flaky")
 	chargeMany(t, a.URL(), postgres.Name, "run-flaky", charges, nil)
 	rec := settle(t, a, "run-flaky")
 
@@ -168,6 +169,7 @@ func TestRandomCaptureKeyCapturesTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	const charges = 20
+	openRun(t, a, "run-random-key")
 	chargeMany(t, a.URL(), postgres.Name, "run-random-key", charges, http.Header{lab.FaultHeader: {"capture_key=random"}})
 	rec := settle(t, a, "run-random-key")
 	got, err := a.Provider().Stats(ctx, provider.Filter{Run: "run-random-key"})
@@ -206,6 +208,7 @@ func TestWebhooksDuplicatedReorderedForged(t *testing.T) {
 		t.Fatal(err)
 	}
 	const charges = 5
+	openRun(t, a, "run-webhooks")
 	chargeMany(t, a.URL(), postgres.Name, "run-webhooks", charges, nil)
 	rec := settle(t, a, "run-webhooks")
 	if rec.Agree != charges || rec.Disagree != 0 {
@@ -259,6 +262,7 @@ func TestDeclinedCaptureFailsTheCharge(t *testing.T) {
 	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{Decline: true}); err != nil {
 		t.Fatal(err)
 	}
+	openRun(t, a, "run-declined")
 	chargeMany(t, a.URL(), postgres.Name, "run-declined", 1, nil)
 	rec := settle(t, a, "run-declined")
 	if rec.Agree != 1 || rec.ChargesChecked != 1 {

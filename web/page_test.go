@@ -318,7 +318,7 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 	shots(ctx, t, "race")
 	for _, r := range runs {
-		s, err := a.Books().RunStats(context.Background(), r.Run)
+		s, err := a.Books().RunStats(context.Background(), "acme", r.Run)
 		if err != nil || fmt.Sprint(s.Charges) != r.Charges {
 			t.Errorf("run %s: the page shows %s charges, the ledger holds %d (%v)", r.Run, r.Charges, s.Charges, err)
 		}

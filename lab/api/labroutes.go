@@ -165,6 +165,31 @@ func (s *Server) listRuns(c echo.Context) error {
 		Note: "this replica's recent runs of the namespace (at most " + strconv.Itoa(maxRunHistory) + "); GET /lab/runs/{run_id} opens one with its timeline"})
 }
 
+// openRun is POST /lab/runs: a run of the caller's namespace, for charges
+// sent by hand to carry in their Lab-Run header and be counted together.
+func (s *Server) openRun(c echo.Context) error {
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	if who.admin {
+		return lab.Invalid("Authorization", "the admin charges nobody, so opens no run: use an attendee's token")
+	}
+	run := "run_" + uuid.NewString()
+	if err := s.deps.Books.OpenRun(c.Request().Context(), who.Namespace, run); err != nil {
+		return fmt.Errorf("%w: %w", lab.ErrStoreUnavailable, err)
+	}
+	return c.JSON(http.StatusCreated, openedRun{RunID: run, Namespace: string(who.Namespace),
+		Note: "send Lab-Run: " + run + " with your charges (and your token): only your namespace's charges count in it"})
+}
+
+// openedRun is POST /lab/runs.
+type openedRun struct {
+	RunID     string `json:"run_id"`
+	Namespace string `json:"namespace"`
+	Note      string `json:"note"`
+}
+
 // runsAnswer is GET /lab/runs.
 type runsAnswer struct {
 	Namespace string              `json:"namespace"`

@@ -65,6 +65,10 @@ type Books interface {
 	ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookResult, error)
 	// Payments lists a namespace's charges with their payment state.
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
+	// OpenRun registers a run in a namespace; RunNamespace tells whose a
+	// run is (lab.ErrRunNotFound for none).
+	OpenRun(ctx context.Context, ns lab.Namespace, run string) error
+	RunNamespace(ctx context.Context, run string) (lab.Namespace, error)
 	Kind() string
 }
 
@@ -135,6 +139,41 @@ type Server struct {
 	slow map[lab.Namespace]int                 // slow attempts in flight, per namespace
 	// effects marks the namespaces running the effects matrix here.
 	effects map[lab.Namespace]bool
+	// runOwners remembers whose each run is, once read from the books: a
+	// run never changes namespace, and every attempt of a run asks.
+	runOwners map[string]lab.Namespace
+}
+
+// maxRunOwners bounds runOwners; past it the memory starts afresh.
+const maxRunOwners = 10_000
+
+// checkRun refuses a Lab-Run that names no run the lab opened, or another
+// namespace's: a run counts its own namespace's charges, and nobody can
+// add theirs to it.
+func (s *Server) checkRun(ctx context.Context, run string, ns lab.Namespace) error {
+	s.mu.Lock()
+	owner, known := s.runOwners[run]
+	s.mu.Unlock()
+	if !known {
+		var err error
+		owner, err = s.deps.Books.RunNamespace(ctx, run)
+		switch {
+		case errors.Is(err, lab.ErrRunNotFound):
+			return lab.Invalid("Lab-Run", "names no run opened on this lab (POST /lab/runs opens one for your namespace)")
+		case err != nil:
+			return fmt.Errorf("%w: error reading the run: %w", lab.ErrStoreUnavailable, err)
+		}
+		s.mu.Lock()
+		if len(s.runOwners) >= maxRunOwners {
+			clear(s.runOwners)
+		}
+		s.runOwners[run] = owner
+		s.mu.Unlock()
+	}
+	if owner != ns {
+		return lab.Invalid("Lab-Run", "names a run of another namespace: a charge joins only a run of its own namespace")
+	}
+	return nil
 }
 
 // Bounds on what one namespace may hold of a replica with slow faults.
@@ -150,7 +189,7 @@ const maxRunHistory = 100
 // New builds the server and its routes.
 func New(cfg Config, deps Deps) *Server {
 	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{}, effects: map[lab.Namespace]bool{},
-		runs: map[lab.Namespace][]experiment.Report{}}
+		runs: map[lab.Namespace][]experiment.Report{}, runOwners: map[string]lab.Namespace{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts})
@@ -221,6 +260,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 		{post, "/lab/join", nil, s.join},
 		{get, "/lab/matrix", []string{"format"}, s.matrix},
 		{get, "/lab/runs", []string{"limit"}, s.listRuns},
+		{post, "/lab/runs", nil, s.openRun},
 		{get, "/lab/runs/:id", nil, s.run},
 		{post, "/webhooks/provider", nil, s.providerWebhook},
 		{get, "/lab/reconcile", []string{"run"}, s.reconcileCheck},
@@ -429,6 +469,11 @@ func (s *Server) postCharge(c echo.Context) error {
 	run := r.Header.Get("Lab-Run")
 	if len(run) > 64 || lab.ValidateKey(run) != nil && run != "" {
 		return lab.Invalid("Lab-Run", "must be 1..64 bytes of printable text")
+	}
+	if run != "" {
+		if err := s.checkRun(r.Context(), run, who.Namespace); err != nil {
+			return err
+		}
 	}
 	req, err := lab.ParseChargeRequest(r.Body)
 	if err != nil {

@@ -27,7 +27,10 @@ import (
 // Books is what the bench reads of the ledger: the charges a run made,
 // listed and counted, the charges under one key, and the outbox.
 type Books interface {
-	RunStats(ctx context.Context, run string) (lab.RunStats, error)
+	// OpenRun registers a phase's run in the bench's namespace, as every run
+	// is before its charges carry it.
+	OpenRun(ctx context.Context, ns lab.Namespace, run string) error
+	RunStats(ctx context.Context, ns lab.Namespace, run string) (lab.RunStats, error)
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)

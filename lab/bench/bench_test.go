@@ -19,7 +19,9 @@ type books struct {
 	undelivered int // of the run's events (one per charge), not delivered
 }
 
-func (f books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
+func (f books) OpenRun(context.Context, lab.Namespace, string) error { return nil }
+
+func (f books) RunStats(_ context.Context, _ lab.Namespace, run string) (lab.RunStats, error) {
 	n := len(f.runs[run])
 	return lab.RunStats{Charges: n, OutboxEvents: n, Delivered: n - f.undelivered}, nil
 }

@@ -160,6 +160,9 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 		return err
 	}
 	p.SettleMS, p.PendingAtStart = float64(waited.Microseconds())/1000, pending
+	if err := b.cfg.Lab.Books.OpenRun(ctx, b.cfg.Lab.Namespace, p.Run); err != nil {
+		return fmt.Errorf("bench: error opening run %s: %w", p.Run, err)
+	}
 	base := request{store: p.Store, token: b.cfg.Lab.Token, run: p.Run}
 	prefix := p.Run + "-"
 	var n atomic.Uint64
@@ -393,7 +396,7 @@ func (b *bencher) checkFresh(ctx context.Context, p *Phase, count201 int, answer
 		c.Keys = len(answered)
 	}
 	books := b.cfg.Lab.Books
-	stats, err := books.RunStats(ctx, p.Run)
+	stats, err := books.RunStats(ctx, b.cfg.Lab.Namespace, p.Run)
 	if err != nil {
 		c.Failures = append(c.Failures, err.Error())
 		return c
@@ -480,7 +483,7 @@ func (b *bencher) checkFresh(ctx context.Context, p *Phase, count201 int, answer
 // are the ones priming the key made; no loaded request charged.
 func (b *bencher) checkReplay(ctx context.Context, p *Phase) *Check {
 	c := &Check{Answered: p.Replayed + p.NotReplayed}
-	stats, err := b.cfg.Lab.Books.RunStats(ctx, p.Run)
+	stats, err := b.cfg.Lab.Books.RunStats(ctx, b.cfg.Lab.Namespace, p.Run)
 	if err != nil {
 		c.Failures = append(c.Failures, err.Error())
 		return c

@@ -194,6 +194,9 @@ func (r *Runner) effectCell(ctx context.Context, req EffectsRequest, c EffectCas
 	store := req.Stores[d.Transport]
 	cell := EffectCell{Design: d.Name, Store: string(store), RunID: "eff_" + uuid.NewString(), ExpectedVerdict: d.usual[c.Name]}
 	ns := string(req.Namespace)
+	if err := r.Books.OpenRun(ctx, req.Namespace, cell.RunID); err != nil {
+		return cell, fmt.Errorf("error opening the cell's run: %w", err)
+	}
 	if c.Provider != (provider.Faults{}) {
 		if err := r.Provider.SetFaults(ctx, ns, c.Provider); err != nil {
 			return cell, fmt.Errorf("error setting the provider's faults: %w", err)
@@ -315,7 +318,7 @@ func (r *Runner) liftWhenDone(ctx context.Context, req EffectsRequest, c EffectC
 func (r *Runner) settleEffects(ctx context.Context, ns lab.Namespace, run string) (reconcile.Report, provider.StatsReport, error) {
 	deadline := time.Now().Add(effectSettle)
 	for {
-		stats, err := r.Books.RunStats(ctx, run)
+		stats, err := r.Books.RunStats(ctx, ns, run)
 		if err != nil {
 			return reconcile.Report{}, provider.StatsReport{}, fmt.Errorf("error reading the run: %w", err)
 		}

@@ -56,7 +56,11 @@ type Spec struct {
 
 // Books are the figures a run is judged by: the ledger and the outbox.
 type Books interface {
-	RunStats(ctx context.Context, run string) (lab.RunStats, error)
+	// OpenRun registers a run in its namespace before its attempts carry it
+	// (Lab-Run), so a charge of another namespace can never join it.
+	OpenRun(ctx context.Context, ns lab.Namespace, run string) error
+	// RunStats counts what the run created in its namespace.
+	RunStats(ctx context.Context, ns lab.Namespace, run string) (lab.RunStats, error)
 	// KeyCharges tallies the charges one store made under one tenant's key.
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
@@ -207,6 +211,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 		}
 		tenants = append(tenants, other)
 		rep.ExpectedCharges = 2
+	}
+	if err := r.Books.OpenRun(ctx, lab.NamespaceOf(tenant), rep.RunID); err != nil {
+		return rep, fmt.Errorf("error opening the run: %w", err)
 	}
 	before, err := r.tally(ctx, spec, tenants)
 	if err != nil {
@@ -480,11 +487,11 @@ const deliveryWait = time.Second
 
 // awaitDelivery reads the run's figures once its outbox events are
 // delivered, or when deliveryWait is over.
-func (r *Runner) awaitDelivery(ctx context.Context, run string) (lab.RunStats, error) {
+func (r *Runner) awaitDelivery(ctx context.Context, ns lab.Namespace, run string) (lab.RunStats, error) {
 	deadline := time.Now().Add(deliveryWait)
 	for {
 		var stats lab.RunStats
-		if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, run); return err }); err != nil {
+		if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, ns, run); return err }); err != nil {
 			return stats, err
 		}
 		if stats.Delivered+stats.Dead >= stats.OutboxEvents || time.Now().After(deadline) {
@@ -549,7 +556,7 @@ func faultHitsFirstAttempt(spec Spec) bool {
 
 // conclude reads the ground truth and writes the verdict.
 func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before keyTally, rep *Report) error {
-	stats, err := r.awaitDelivery(ctx, rep.RunID)
+	stats, err := r.awaitDelivery(ctx, lab.NamespaceOf(tenants[0]), rep.RunID)
 	if err != nil {
 		return fmt.Errorf("error reading run stats: %w", err)
 	}

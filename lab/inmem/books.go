@@ -6,6 +6,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -25,8 +26,9 @@ type Books struct {
 	balances map[string]int64      // tenant|account -> cents
 	events   []*lab.Event
 	byID     map[string]*lab.Event
-	payments map[string]string       // charge id -> payment state
-	webhooks map[string]webhookEvent // processed provider event ids
+	payments map[string]string        // charge id -> payment state
+	webhooks map[string]webhookEvent  // processed provider event ids
+	runs     map[string]lab.Namespace // the runs opened, by id
 }
 
 // webhookEvent is one processed provider event.
@@ -51,6 +53,7 @@ func (b *Books) clear() {
 	b.byID = map[string]*lab.Event{}
 	b.payments = map[string]string{}
 	b.webhooks = map[string]webhookEvent{}
+	b.runs = map[string]lab.Namespace{}
 }
 
 // Kind names the backend.
@@ -83,6 +86,7 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 		delete(b.byID, ev.ID)
 		return true
 	})
+	maps.DeleteFunc(b.runs, func(_ string, owner lab.Namespace) bool { return owner == ns })
 	for id, w := range b.webhooks {
 		if ns.Owns(w.tenant) {
 			delete(b.webhooks, id)
@@ -127,19 +131,42 @@ func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 	return c, nil
 }
 
-// RunStats counts what one run created.
-func (b *Books) RunStats(_ context.Context, run string) (lab.RunStats, error) {
+// OpenRun records that run belongs to namespace ns; it fails when the id
+// is another namespace's.
+func (b *Books) OpenRun(_ context.Context, ns lab.Namespace, run string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if owner, ok := b.runs[run]; ok && owner != ns {
+		return fmt.Errorf("run %s is another namespace's", run)
+	}
+	b.runs[run] = ns
+	return nil
+}
+
+// RunNamespace is the namespace run was opened in, or lab.ErrRunNotFound.
+func (b *Books) RunNamespace(_ context.Context, run string) (lab.Namespace, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ns, ok := b.runs[run]
+	if !ok {
+		return "", fmt.Errorf("run %q: %w", run, lab.ErrRunNotFound)
+	}
+	return ns, nil
+}
+
+// RunStats counts what one run created in namespace ns.
+func (b *Books) RunStats(_ context.Context, ns lab.Namespace, run string) (lab.RunStats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var s lab.RunStats
 	for _, e := range b.entries {
-		if e.Run == run {
+		if e.Run == run && lab.NamespaceOf(e.Tenant) == ns {
 			s.Charges++
 			s.ChargedCents += e.AmountCents
 		}
 	}
 	for _, ev := range b.events {
-		if ev.Run == run {
+		if ev.Run == run && lab.NamespaceOf(ev.Tenant) == ns {
 			s.OutboxEvents++
 			switch ev.State {
 			case lab.EventDelivered:

@@ -130,16 +130,49 @@ func chargeByID(ctx context.Context, tx Querier, id string) (lab.Charge, bool, e
 	return c, true, nil
 }
 
-// RunStats counts what one run created.
-func (b *Books) RunStats(ctx context.Context, run string) (lab.RunStats, error) {
+// OpenRun records that run belongs to namespace ns; opening it again for
+// the same namespace is a no-op, for another one ErrRunNotFound's kin: the
+// id is taken.
+func (b *Books) OpenRun(ctx context.Context, ns lab.Namespace, run string) error {
+	var owner string
+	err := b.pool.QueryRow(ctx, `
+		WITH ins AS (INSERT INTO lab_runs (run_id, namespace, opened_at) VALUES ($1, $2, $3)
+		             ON CONFLICT (run_id) DO NOTHING RETURNING namespace)
+		SELECT namespace FROM ins UNION ALL SELECT namespace FROM lab_runs WHERE run_id = $1 LIMIT 1`,
+		run, string(ns), b.now()).Scan(&owner)
+	if err != nil {
+		return fmt.Errorf("error opening run %s: %w", run, err)
+	}
+	if owner != string(ns) {
+		return fmt.Errorf("run %s is another namespace's", run)
+	}
+	return nil
+}
+
+// RunNamespace is the namespace run was opened in, or lab.ErrRunNotFound.
+func (b *Books) RunNamespace(ctx context.Context, run string) (lab.Namespace, error) {
+	var ns string
+	err := b.pool.QueryRow(ctx, `SELECT namespace FROM lab_runs WHERE run_id = $1`, run).Scan(&ns)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", fmt.Errorf("run %q: %w", run, lab.ErrRunNotFound)
+	}
+	if err != nil {
+		return "", fmt.Errorf("error reading run %s: %w", run, err)
+	}
+	return lab.Namespace(ns), nil
+}
+
+// RunStats counts what one run created in namespace ns: rows of another
+// namespace tagged with the run never count.
+func (b *Books) RunStats(ctx context.Context, ns lab.Namespace, run string) (lab.RunStats, error) {
 	var s lab.RunStats
 	err := b.pool.QueryRow(ctx, `
-		SELECT (SELECT count(*) FROM charges WHERE run_id = $1),
-		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1),
-		       (SELECT count(*) FROM outbox WHERE run_id = $1),
-		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'delivered'),
-		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND state = 'dead'),
-		       (SELECT count(*) FROM fenced_writes WHERE run_id = $1)`, run).
+		SELECT (SELECT count(*) FROM charges WHERE run_id = $1 AND namespace = $2),
+		       (SELECT coalesce(sum(amount_cents), 0)::bigint FROM charges WHERE run_id = $1 AND namespace = $2),
+		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND namespace = $2),
+		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND namespace = $2 AND state = 'delivered'),
+		       (SELECT count(*) FROM outbox WHERE run_id = $1 AND namespace = $2 AND state = 'dead'),
+		       (SELECT count(*) FROM fenced_writes WHERE run_id = $1 AND namespace = $2)`, run, string(ns)).
 		Scan(&s.Charges, &s.ChargedCents, &s.OutboxEvents, &s.Delivered, &s.Dead, &s.FencedWrites)
 	if err != nil {
 		return s, fmt.Errorf("error reading run stats: %w", err)
@@ -348,7 +381,7 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 // them, for the admin), and nothing else.
 func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	if ns == "" {
-		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, cached_requests, idempotency_requests, account_balances`); err != nil {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, cached_requests, idempotency_requests, account_balances, lab_runs`); err != nil {
 			return fmt.Errorf("error truncating the lab's tables: %w", err)
 		}
 		return nil
@@ -363,6 +396,7 @@ func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 			`DELETE FROM cached_requests WHERE namespace = $1`,
 			`DELETE FROM lease_requests WHERE namespace = $1`,
 			`DELETE FROM account_balances WHERE split_part(tenant_id, '~', 1) = $1`,
+			`DELETE FROM lab_runs WHERE namespace = $1`,
 		} {
 			if _, err := tx.Exec(ctx, q, string(ns)); err != nil {
 				return err

@@ -179,3 +179,12 @@ CREATE INDEX IF NOT EXISTS fenced_writes_run ON fenced_writes (run_id);
 -- The keys of the redis+postgres design: PostgreSQL decides as the
 -- postgres design does, in a table of its own so the two never share a key.
 CREATE TABLE IF NOT EXISTS cached_requests (LIKE idempotency_requests INCLUDING ALL);
+
+-- The runs the lab opened, each in one namespace: a charge tagged with a
+-- run (Lab-Run) must be of that namespace, so nobody's charges count in
+-- another's run, whichever replica answers.
+CREATE TABLE IF NOT EXISTS lab_runs (
+    run_id    text        PRIMARY KEY,
+    namespace text        NOT NULL,
+    opened_at timestamptz NOT NULL
+);
