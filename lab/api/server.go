@@ -314,7 +314,6 @@ func checkQuery(raw string, allowed []string) error {
 	return nil
 }
 
-
 // maxBody bounds every request body; the charge API needs far less.
 const maxBody = 64 << 10
 
