@@ -22,6 +22,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -577,7 +578,8 @@ func attackNamespaces(t *testing.T) {
 
 	t.Run("F04_SlowFloodCannotStarveAnotherNamespace", func(t *testing.T) {
 		// B floods the postgres store with slow transactions on distinct keys.
-		const n, budget = 22, 2
+		const n = 22
+		budget := pgdb.BudgetFor(cfg.PGPoolSize).SlowPerNamespace // held across slow work
 		results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-f04-pg", n, slowFault(3000)))
 		eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= budget })
 		for i := range 3 {

@@ -70,14 +70,20 @@ type App struct {
 	providerClient *provider.Client // the payment provider, over HTTP
 	effects        *delivery.Provider
 	relay          *relay.Relay
+	// relayOutbox is the outbox as the relay reads it: the books on a pool
+	// of the background's own when PostgreSQL is configured.
+	relayOutbox relay.Outbox
 
 	primary *replica
 	growing sync.Mutex // serialises starting in-process replicas; held during their I/O
 
-	mu      sync.Mutex // guards what follows; never held during I/O
-	extra   []*replica // in-process replicas, started on demand
-	pools   []*pgxpool.Pool
-	closers []func() // run in reverse order on Close
+	mu    sync.Mutex // guards what follows; never held during I/O
+	extra []*replica // in-process replicas, started on demand
+	pools []*pgxpool.Pool
+	// budgeted are the replicas' store pools, each under one connection
+	// budget per namespace.
+	budgeted []*pgdb.Pool
+	closers  []func() // run in reverse order on Close
 
 	cancel context.CancelFunc
 	bg     sync.WaitGroup
@@ -113,6 +119,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	if err := a.openBooks(ctx); err != nil {
 		a.closeAll()
 		return nil, err
+	}
+	if a.relayOutbox == nil {
+		a.relayOutbox = a.books // in memory, nothing to share
 	}
 	if err := a.openRedis(ctx); err != nil {
 		a.closeAll()
@@ -155,7 +164,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	a.runner.Provider = a.providerClient
-	rl, err := relay.New(relay.Config{Outbox: a.books, Provider: a.effects, Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
+	rl, err := relay.New(relay.Config{Outbox: a.relayOutbox, Provider: a.effects, Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
 	if err != nil {
 		_ = ln.Close()
 		a.stopBackground()
@@ -217,6 +226,14 @@ func (a *App) Provider() *provider.Client { return a.providerClient }
 // Public is who acts in the public namespace (lab routes without a token).
 func (a *App) Public() tenants.Identity { return a.public }
 
+// StorePools are the replicas' PostgreSQL pools the stores share, each with
+// its connection budget per namespace (none without PostgreSQL).
+func (a *App) StorePools() []*pgdb.Pool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]*pgdb.Pool(nil), a.budgeted...)
+}
+
 // Server is the primary replica's server.
 func (a *App) Server() *api.Server { return a.primary.server }
 
@@ -260,7 +277,10 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		a.mu.Lock()
 		a.pools = append(a.pools, pool)
 		a.mu.Unlock()
-		deps.Postgres = pool
+		deps.Postgres = pgdb.NewPool(pool)
+		a.mu.Lock()
+		a.budgeted = append(a.budgeted, deps.Postgres)
+		a.mu.Unlock()
 	}
 	stores := map[lab.StoreName]lab.Store{}
 	for _, v := range a.variants.All() {
@@ -507,6 +527,18 @@ func (a *App) openBooks(ctx context.Context) error {
 	a.mu.Unlock()
 	a.addCloser(pool.Close)
 	a.books = pgdb.NewBooks(pool, a.cfg.Clock)
+	// The relay's work goes through a pool of its own: attendees' charges,
+	// however many, never take the connections that deliver their effects.
+	bg, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema,
+		Size: 2, AppName: a.instance}) // the relay's two workers
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.pools = append(a.pools, bg)
+	a.mu.Unlock()
+	a.addCloser(bg.Close)
+	a.relayOutbox = pgdb.NewBooks(bg, a.cfg.Clock)
 	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: where + ": ledger, outbox and postgres store (schema " + a.cfg.PGSchema + ")", Ping: pool.Ping})
 	return nil
 }

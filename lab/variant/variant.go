@@ -14,10 +14,10 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
 // Need is a service a variant cannot run without.
@@ -108,7 +108,9 @@ type Deps struct {
 	// the pair is not running (no redis-server installed, or turned off).
 	RedisPair *goredis.Client
 
-	Postgres *pgxpool.Pool // this replica's own pool (search_path is the lab's schema)
+	// Postgres is this replica's own pool (search_path is the lab's schema),
+	// shared by every store on it under one connection budget per namespace.
+	Postgres *pgdb.Pool
 	// AppName is the application_name of every session of this lab, so a
 	// restart fault can find them; ResetPools drops every pool's dead
 	// connections after such a restart.

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/pgdb"
@@ -25,7 +24,7 @@ const Name lab.StoreName = "lease"
 // Store claims keys in lease_requests and writes charges fenced by the
 // claim's token.
 type Store struct {
-	pool   *pgxpool.Pool
+	pool   *pgdb.Pool    // every connection taken for a namespace, within its budget
 	window time.Duration // retention of completed keys
 	wait   time.Duration // how long a twin waits before 202 Accepted
 	lease  time.Duration // default lifetime of a claim
@@ -38,7 +37,7 @@ type Store struct {
 
 // Config configures a Store; every field is required.
 type Config struct {
-	Pool   *pgxpool.Pool // search_path is the lab's schema
+	Pool   *pgdb.Pool // search_path is the lab's schema; one budget per namespace, shared with every store on it
 	Window time.Duration
 	Wait   time.Duration
 	Lease  time.Duration
@@ -166,7 +165,7 @@ func (s *Store) renew(ctx context.Context, sc lab.Scope, cl claim, lease time.Du
 				return
 			case <-tick.C:
 			}
-			tag, err := s.pool.Exec(ctx, `
+			tag, err := s.pool.Exec(ctx, lab.NamespaceOf(sc.Tenant), `
 				UPDATE lease_requests SET lease_expires_at = $5::timestamptz + make_interval(secs => $6)
 				WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND attempt_token = $4 AND state = 'in_flight'`,
 				sc.Tenant, sc.Endpoint, sc.Key, cl.token, s.now(), lease.Seconds())
@@ -197,7 +196,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 	for try := 0; try < 3; try++ {
 		now := s.now()
 		cl := claim{chargeID: lab.NewChargeID()}
-		err := s.pool.QueryRow(ctx, `
+		err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), `
 			INSERT INTO lease_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, attempt_token,
 			                            lease_expires_at, charge_id, created_at, expires_at)
 			VALUES ($1, $2, $3, $4, 'in_flight', nextval('lease_tokens'), $6::timestamptz + make_interval(secs => $5), $7, $6,
@@ -227,7 +226,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 		}
 		// A higher token, if nobody took it first: the old holder's token
 		// is stale from this commit on.
-		err = s.pool.QueryRow(ctx, `
+		err = s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), `
 			UPDATE lease_requests
 			SET attempt_token = nextval('lease_tokens'), state = 'in_flight', request_fingerprint = $4, charge_id = $7,
 			    lease_expires_at = $6::timestamptz + make_interval(secs => $5), response_status = NULL, response_body = NULL,
@@ -253,7 +252,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 
 func (s *Store) read(ctx context.Context, sc lab.Scope, now time.Time) (row, error) {
 	var r row
-	err := s.pool.QueryRow(ctx, `
+	err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), `
 		SELECT request_fingerprint, state, charge_id, attempt_token, lease_expires_at <= $4, expires_at <= $4, lease_expires_at,
 		       response_status, response_body
 		FROM lease_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
@@ -270,7 +269,7 @@ func (s *Store) read(ctx context.Context, sc lab.Scope, now time.Time) (row, err
 // transaction.
 func (s *Store) write(ctx context.Context, a lab.Attempt, cl claim, retention time.Duration) (lab.Outcome, error) {
 	var resp lab.Response
-	err := pgx.BeginTxFunc(ctx, s.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := s.pool.BeginTxFunc(ctx, lab.NamespaceOf(a.Scope.Tenant), pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		a.ChargeID = cl.chargeID
 		entry := lab.NewEntry(a, s.now())
 		entry.FenceToken = cl.token
@@ -328,7 +327,7 @@ func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error
 		detail = fmt.Sprintf("write refused: token %d < %d", cl.token, r.token)
 	}
 	lab.MarkDetail(ctx, lab.PhaseFenced, detail)
-	if _, err := s.pool.Exec(ctx, `
+	if _, err := s.pool.Exec(ctx, lab.NamespaceOf(a.Scope.Tenant), `
 		INSERT INTO fenced_writes (tenant_id, idempotency_key, stale_token, charge_id, run_id, refused_at) VALUES ($1, $2, $3, $4, $5, $6)`,
 		a.Scope.Tenant, a.Scope.Key, cl.token, cl.chargeID, a.Run, s.now()); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error recording a fenced write: %w", err)
@@ -347,7 +346,7 @@ func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error
 func (s *Store) release(a lab.Attempt, cl claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, `
+	if _, err := s.pool.Exec(ctx, lab.NamespaceOf(a.Scope.Tenant), `
 		UPDATE lease_requests SET lease_expires_at = $5
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND attempt_token = $4 AND state = 'in_flight'`,
 		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, cl.token, s.now()); err != nil {
@@ -397,11 +396,11 @@ const maxCounted = 10_000
 // Keys lists the namespace's newest keys ("" for every namespace's).
 func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	var total int
-	if err := s.pool.QueryRow(ctx, `SELECT count(*) FROM (SELECT 1 FROM lease_requests WHERE `+pgdb.InNamespace(ns, 1)+` LIMIT $2) AS k`,
+	if err := s.pool.QueryRow(ctx, ns, `SELECT count(*) FROM (SELECT 1 FROM lease_requests WHERE `+pgdb.InNamespace(ns, 1)+` LIMIT $2) AS k`,
 		string(ns), maxCounted).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, `
+	rows, err := s.pool.Query(ctx, ns, `
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
 		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
 		FROM lease_requests WHERE `+pgdb.InNamespace(ns, 3)+` ORDER BY created_at DESC LIMIT $1`, limit, s.now(), string(ns))
@@ -421,7 +420,7 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 
 // Reset deletes the namespace's keys ("" for every key).
 func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
-	if _, err := s.pool.Exec(ctx, `DELETE FROM lease_requests WHERE $1 = '' OR namespace = $1`, string(ns)); err != nil {
+	if _, err := s.pool.Exec(ctx, ns, `DELETE FROM lease_requests WHERE $1 = '' OR namespace = $1`, string(ns)); err != nil {
 		return fmt.Errorf("error deleting keys: %w", err)
 	}
 	return nil
@@ -430,7 +429,7 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
 // Sweep deletes keys past their retention, in batches (a claim abandoned
 // that long is gone too).
 func (s *Store) Sweep(ctx context.Context) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
+	tag, err := s.pool.Exec(ctx, pgdb.Background, `
 		DELETE FROM lease_requests WHERE ctid IN (
 			SELECT ctid FROM lease_requests WHERE expires_at <= $1 LIMIT 1000)`, s.now())
 	if err != nil {
@@ -443,7 +442,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 // worker may be slow, paused, or dead with its lease not yet over.
 func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 	var secs float64
-	err := s.pool.QueryRow(ctx, `
+	err := s.pool.QueryRow(ctx, pgdb.Background, `
 		SELECT coalesce(extract(epoch FROM $1::timestamptz - min(created_at)), 0)::float8
 		FROM lease_requests WHERE state = 'in_flight'`, s.now()).Scan(&secs)
 	if err != nil {

@@ -23,7 +23,7 @@ func setup(t *testing.T) (*lease.Store, *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := lease.New(lease.Config{Pool: pool, Window: time.Hour, Wait: 100 * time.Millisecond, Lease: time.Minute,
+	s, err := lease.New(lease.Config{Pool: pgdb.NewPool(pool), Window: time.Hour, Wait: 100 * time.Millisecond, Lease: time.Minute,
 		Now: time.Now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

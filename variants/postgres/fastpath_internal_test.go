@@ -28,7 +28,7 @@ func storeOnOwnSchema(t *testing.T, wait time.Duration, now lab.Clock) (*Store, 
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := New(Config{Table: DefaultTable, Pool: pool, Window: time.Hour, Wait: wait, AppName: "lab-test-" + schema, Now: now})
+	s, err := New(Config{Table: DefaultTable, Pool: pgdb.NewPool(pool), Window: time.Hour, Wait: wait, AppName: "lab-test-" + schema, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,20 +25,13 @@ import (
 // (tenant, endpoint, key) picks one owner, and the owner commits key, charge,
 // outbox event and response in one transaction.
 type Store struct {
-	table   string // the key table: idempotency_requests, or another design's copy of it
-	pool    *pgxpool.Pool
+	table   string     // the key table: idempotency_requests, or another design's copy of it
+	pool    *pgdb.Pool // every connection taken for a namespace, within its budget
 	window  time.Duration
 	wait    time.Duration
 	appName string // application_name of this lab's connections
 	reset   func() // drops every pool's connections after a restart
 	now     lab.Clock
-	// budget is how many of the pool's connections one namespace may hold
-	// at once, so one attendee's slow transactions never starve another's.
-	budget int
-
-	mu    sync.Mutex
-	held  map[lab.Namespace]chan struct{}  // per namespace, a token per connection held
-	inUse map[lab.Namespace]map[uint32]int // per namespace, the backends serving it now
 }
 
 // Config configures a Store; every field but ResetPools is required.
@@ -47,7 +39,7 @@ type Config struct {
 	// Table holds the keys: idempotency_requests for this design; a design
 	// built on it keeps its keys apart in a table of the same shape.
 	Table   string
-	Pool    *pgxpool.Pool // its search_path is the lab's schema (pgdb.Open)
+	Pool    *pgdb.Pool    // its search_path is the lab's schema (pgdb.Open); one budget per namespace, shared with every store on it
 	Window  time.Duration // key retention
 	Wait    time.Duration // bound on waiting for a connection, then for a twin in flight
 	AppName string        // application_name shared by this lab's pools (store_restart kills them)
@@ -71,11 +63,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	reset := cfg.ResetPools
 	if reset == nil {
-		reset = cfg.Pool.Reset
+		reset = cfg.Pool.Raw().Reset
 	}
-	return &Store{table: cfg.Table, pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now,
-		budget: max(1, int(cfg.Pool.Config().MaxConns)/4),
-		held:   map[lab.Namespace]chan struct{}{}, inUse: map[lab.Namespace]map[uint32]int{}}, nil
+	return &Store{table: cfg.Table, pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName, reset: reset, now: cfg.Now}, nil
 }
 
 // DefaultTable is the postgres design's key table.
@@ -89,38 +79,6 @@ func (s *Store) q(sql string) string {
 		return sql
 	}
 	return strings.ReplaceAll(sql, DefaultTable, s.table)
-}
-
-// slots is the namespace's connection budget.
-func (s *Store) slots(ns lab.Namespace) chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c := s.held[ns]
-	if c == nil {
-		c = make(chan struct{}, s.budget)
-		s.held[ns] = c
-	}
-	return c
-}
-
-// serving records that backend pid works for ns until the returned func runs.
-func (s *Store) serving(ns lab.Namespace, pid uint32) (done func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.inUse[ns] == nil {
-		s.inUse[ns] = map[uint32]int{}
-	}
-	s.inUse[ns][pid]++
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.inUse[ns][pid]--; s.inUse[ns][pid] == 0 {
-			delete(s.inUse[ns], pid)
-		}
-		if len(s.inUse[ns]) == 0 {
-			delete(s.inUse, ns)
-		}
-	}
 }
 
 // Name is the store's name.
@@ -165,17 +123,22 @@ var errTakeSlowPath = errors.New("postgres: the pipelined charge rolled back; ch
 func (s *Store) replayFast(ctx context.Context, a lab.Attempt) (lab.Outcome, bool, error) {
 	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
-	conn, err := s.pool.Acquire(acquireCtx)
+	conn, err := s.pool.Acquire(acquireCtx, lab.NamespaceOf(a.Scope.Tenant), pgdb.Short)
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return lab.Outcome{}, false, fmt.Errorf("%w: no PostgreSQL connection of this replica could be had within %s (all busy, or a new one took longer)", lab.ErrStoreUnavailable, s.wait)
+		if ctx.Err() == nil && errors.Is(err, lab.ErrStoreUnavailable) {
+			return lab.Outcome{}, false, fmt.Errorf("%w (waited %s)", err, s.wait)
 		}
 		return lab.Outcome{}, false, nil // the transaction tries again, and says what failed
 	}
 	defer conn.Release()
+	return s.replayOn(ctx, conn.Conn, a)
+}
+
+// replayOn is replayFast's statement on a connection already held.
+func (s *Store) replayOn(ctx context.Context, conn *pgxpool.Conn, a lab.Attempt) (lab.Outcome, bool, error) {
 	var status int
 	var body []byte
-	err = conn.QueryRow(ctx, s.q(`
+	err := conn.QueryRow(ctx, s.q(`
 		SELECT response_status, response_body FROM idempotency_requests
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
 		  AND state = 'completed' AND request_fingerprint = $4 AND expires_at > $5 AND response_status IS NOT NULL`),
@@ -197,35 +160,21 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt, pipelined bool) (out 
 	ns := lab.NamespaceOf(a.Scope.Tenant)
 	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
-	slots := s.slots(ns)
-	select {
-	case slots <- struct{}{}:
-	default:
-		select {
-		case slots <- struct{}{}:
-		case <-acquireCtx.Done():
-			if ctx.Err() != nil {
-				return out, ctx.Err()
-			}
-			return out, fmt.Errorf("%w: this namespace already holds its %d PostgreSQL connections of this replica, for %s", lab.ErrStoreUnavailable, s.budget, s.wait)
+	conn, err := s.pool.Acquire(acquireCtx, ns, pgdb.Short)
+	if err != nil {
+		if ctx.Err() != nil {
+			return out, ctx.Err()
 		}
+		return out, fmt.Errorf("%w (waited %s)", err, s.wait)
+	}
+	defer conn.Release()
+	if conn.Waited() {
 		// It queued behind the namespace's other attempts, often its own
 		// twins: if one completed meanwhile, answer from its row at once.
-		if out, ok, err := s.replayFast(ctx, a); ok || err != nil {
-			<-slots
+		if out, ok, err := s.replayOn(ctx, conn.Conn, a); ok || err != nil {
 			return out, err
 		}
 	}
-	defer func() { <-slots }()
-	conn, err := s.pool.Acquire(acquireCtx)
-	if err != nil {
-		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return out, fmt.Errorf("%w: no PostgreSQL connection of this replica could be had within %s (all busy, or a new one took longer)", lab.ErrStoreUnavailable, s.wait)
-		}
-		return out, fmt.Errorf("error acquiring connection: %w", err)
-	}
-	defer conn.Release()
-	defer s.serving(ns, conn.Conn().PgConn().PID())()
 	// Rolls back on every early return, injected crashes included, as the
 	// server would on a dead session. (A connection released inside a
 	// transaction would be closed by the pool.)
@@ -240,7 +189,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt, pipelined bool) (out 
 	// claim must see the row the twin committed.
 	lockWait := max(s.wait-time.Since(start), time.Millisecond)
 	now := s.now()
-	claimed, row, err := s.claim(ctx, conn, a, now, retention, strconv.FormatInt(lockWait.Milliseconds(), 10))
+	claimed, row, err := s.claim(ctx, conn.Conn, a, now, retention, strconv.FormatInt(lockWait.Milliseconds(), 10))
 	switch {
 	case isLockTimeout(err):
 		return out, &lab.InProgressError{RetryAfter: time.Second}
@@ -254,13 +203,24 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt, pipelined bool) (out 
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return out, lab.ErrCrash
 	}
+	if a.Faults.Pauses() {
+		// The transaction stays open through the work: a connection held
+		// across slow work, of which a namespace, and the replica, may hold
+		// only a few. Without a slot it rolls back, and a retry is safe.
+		hold, cancel := context.WithTimeout(ctx, max(s.wait-time.Since(start), time.Millisecond))
+		err := conn.HoldAcrossWork(hold)
+		cancel()
+		if err != nil {
+			return out, err
+		}
+	}
 	if err := a.Faults.Pause(ctx); err != nil {
 		return out, err
 	}
 	entry := lab.NewEntry(a, s.now())
 	event := lab.NewReceiptEvent(entry, a.Faults)
 	if pipelined && !a.Faults.Has(lab.FaultOutboxFail) {
-		resp, err := s.chargeAndCommit(ctx, conn, a, entry, event)
+		resp, err := s.chargeAndCommit(ctx, conn.Conn, a, entry, event)
 		if err != nil {
 			return out, err
 		}
@@ -270,7 +230,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt, pipelined bool) (out 
 		}
 		return lab.Outcome{Response: resp}, nil
 	}
-	c, err := pgdb.ApplyTx(ctx, conn, lab.Apply{Entry: entry, Event: event, FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
+	c, err := pgdb.ApplyTx(ctx, conn.Conn, lab.Apply{Entry: entry, Event: event, FailOutbox: a.Faults.Has(lab.FaultOutboxFail)})
 	var resp lab.Response
 	var oc *lab.OrderConflictError
 	switch {
@@ -542,7 +502,7 @@ func isLockTimeout(err error) bool {
 func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (lab.KeyState, error) {
 	k := lab.KeyState{Tenant: sc.Tenant, Key: sc.Key}
 	var live bool
-	err := s.pool.QueryRow(ctx, s.q(`
+	err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), s.q(`
 		SELECT state, request_fingerprint, coalesce(response_status, 0), response_body, created_at, expires_at,
 		       (extract(epoch FROM $4::timestamptz - created_at) * 1000)::bigint, expires_at > $4
 		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
@@ -562,11 +522,11 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 	// Counted up to maxCounted, so a listing costs what it lists and not
 	// what the table holds; the listing itself walks the (namespace,
 	// created_at) index for limit rows.
-	if err := s.pool.QueryRow(ctx, s.q(`SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE `+pgdb.InNamespace(ns, 1)+` LIMIT $2) AS k`),
+	if err := s.pool.QueryRow(ctx, ns, s.q(`SELECT count(*) FROM (SELECT 1 FROM idempotency_requests WHERE `+pgdb.InNamespace(ns, 1)+` LIMIT $2) AS k`),
 		string(ns), maxCounted).Scan(&total); err != nil {
 		return nil, 0, fmt.Errorf("error counting keys: %w", err)
 	}
-	rows, err := s.pool.Query(ctx, s.q(`
+	rows, err := s.pool.Query(ctx, ns, s.q(`
 		SELECT tenant_id, idempotency_key, state, request_fingerprint, coalesce(response_status, 0), created_at, expires_at,
 		       (extract(epoch FROM $2::timestamptz - created_at) * 1000)::bigint
 		FROM idempotency_requests WHERE `+pgdb.InNamespace(ns, 3)+` ORDER BY created_at DESC LIMIT $1`), limit, s.now(), string(ns))
@@ -586,7 +546,7 @@ func (s *Store) Keys(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Ke
 
 // Reset deletes every key row.
 func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
-	if _, err := s.pool.Exec(ctx, s.q(`DELETE FROM idempotency_requests WHERE $1 = '' OR namespace = $1`), string(ns)); err != nil {
+	if _, err := s.pool.Exec(ctx, ns, s.q(`DELETE FROM idempotency_requests WHERE $1 = '' OR namespace = $1`), string(ns)); err != nil {
 		return fmt.Errorf("error deleting keys: %w", err)
 	}
 	return nil
@@ -601,24 +561,19 @@ func (s *Store) Reset(ctx context.Context, ns lab.Namespace) error {
 func (s *Store) Restart(ctx context.Context, r lab.Region) error {
 	ns := r.Namespace
 	if ns == "" {
-		if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		if _, err := s.pool.Exec(ctx, pgdb.Background, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
 			WHERE application_name = $1 AND pid <> pg_backend_pid()`, s.appName); err != nil {
 			return fmt.Errorf("error terminating sessions: %w", err)
 		}
 		s.reset() // the pools' idle connections are dead: drop them
 		return nil
 	}
-	s.mu.Lock()
-	var pids []int32
-	for pid := range s.inUse[ns] {
-		pids = append(pids, int32(pid))
-	}
-	s.mu.Unlock()
+	pids := s.pool.Serving(ns) // every store's on this pool: a restart kills them all
 	if len(pids) == 0 {
 		return nil // nothing in flight: a restart loses nothing durable
 	}
 	// Their connections die with them; the pool discards each as it returns.
-	if _, err := s.pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
+	if _, err := s.pool.Exec(ctx, pgdb.Background, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
 		return fmt.Errorf("error terminating sessions: %w", err)
 	}
 	return nil
@@ -634,7 +589,7 @@ const sweepBatch = 1000
 func (s *Store) Sweep(ctx context.Context) (int, error) {
 	total := 0
 	for {
-		tag, err := s.pool.Exec(ctx, s.q(`
+		tag, err := s.pool.Exec(ctx, pgdb.Background, s.q(`
 			DELETE FROM idempotency_requests WHERE ctid = ANY (ARRAY(
 				SELECT ctid FROM idempotency_requests WHERE expires_at <= $2 LIMIT $1 FOR UPDATE SKIP LOCKED))`), sweepBatch, s.now())
 		if err != nil {
@@ -653,7 +608,7 @@ func (s *Store) Sweep(ctx context.Context) (int, error) {
 // PostgreSQL itself reports (server time: a gauge, not a verdict).
 func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 	var secs float64
-	err := s.pool.QueryRow(ctx, s.q(`
+	err := s.pool.QueryRow(ctx, pgdb.Background, s.q(`
 		SELECT coalesce(extract(epoch FROM max(clock_timestamp() - a.xact_start)), 0)::float8
 		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 		WHERE l.relation = 'idempotency_requests'::regclass AND l.mode = 'RowExclusiveLock' AND l.granted
@@ -669,7 +624,7 @@ func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 // response (a take-over since would hold another), else false.
 func (s *Store) Expiry(ctx context.Context, sc lab.Scope, fingerprint string, resp lab.Response) (time.Time, bool, error) {
 	var at time.Time
-	err := s.pool.QueryRow(ctx, s.q(`SELECT expires_at FROM idempotency_requests
+	err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), s.q(`SELECT expires_at FROM idempotency_requests
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND state = 'completed'
 		  AND request_fingerprint = $4 AND response_status = $5 AND response_body = $6`),
 		sc.Tenant, sc.Endpoint, sc.Key, fingerprint, resp.Status, resp.Body).Scan(&at)

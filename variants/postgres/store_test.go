@@ -91,7 +91,7 @@ func (e env) counts(t *testing.T, tenant, key string) (charges, events, keys int
 func TestTwoPoolsRaceOnOneKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	replicas := []*postgres.Store{newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema}), newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema})}
+	replicas := []*postgres.Store{newStore(t, postgres.Config{Pool: pgdb.NewPool(openPool(t, e.url, e.schema, false)), AppName: "lab-test-" + e.schema}), newStore(t, postgres.Config{Pool: pgdb.NewPool(openPool(t, e.url, e.schema, false)), AppName: "lab-test-" + e.schema})}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	outcomes := map[string]int{}
@@ -124,7 +124,7 @@ func TestTwoPoolsRaceOnOneKey(t *testing.T) {
 func TestOutboxFailureRollsBackEverything(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema})
 	a := attempt("acme", "fail", 800, "")
 	a.Faults = lab.Faults{Point: lab.FaultOutboxFail}
 	if _, err := s.Charge(context.Background(), a); !errors.Is(err, lab.ErrOutboxWrite) {
@@ -145,7 +145,7 @@ func TestOutboxFailureRollsBackEverything(t *testing.T) {
 func TestCrashAfterClaimRollsBack(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema})
 	a := attempt("acme", "crash", 800, "")
 	a.Faults = lab.Faults{Point: lab.FaultCrashAfterClaim}
 	if _, err := s.Charge(context.Background(), a); !errors.Is(err, lab.ErrCrash) {
@@ -165,12 +165,12 @@ func TestCrashAfterClaimRollsBack(t *testing.T) {
 func TestKeySurvivesRestart(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	first, err := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
+	first, err := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A new process: new pool, same database.
-	again, err := newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, true), AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
+	again, err := newStore(t, postgres.Config{Pool: pgdb.NewPool(openPool(t, e.url, e.schema, true)), AppName: "lab-test-" + e.schema}).Charge(context.Background(), attempt("acme", "durable", 1200, ""))
 	if err != nil || !again.Replayed || string(again.Response.Body) != string(first.Response.Body) {
 		t.Fatalf("after restart: %v replayed=%v body=%s", err, again.Replayed, again.Response.Body)
 	}
@@ -179,7 +179,7 @@ func TestKeySurvivesRestart(t *testing.T) {
 func TestRestartKillsSessionsButKeepsRows(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	s := newStore(t, postgres.Config{Pool: openPool(t, e.url, e.schema, false), AppName: "lab-test-" + e.schema})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(openPool(t, e.url, e.schema, false)), AppName: "lab-test-" + e.schema})
 	if _, err := s.Charge(context.Background(), attempt("acme", "restart", 1200, "")); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestExpiryAndSweeper(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema, Now: clock})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema, Now: clock})
 	ctx := context.Background()
 	short := func(key, order string) lab.Attempt {
 		a := attempt("acme", key, 500, order)
@@ -241,7 +241,7 @@ func TestExpiryAndSweeper(t *testing.T) {
 // claim, charge, balance, outbox event, stored response, commit.
 func BenchmarkChargeFreshKeys(b *testing.B) {
 	e := setup(b)
-	s := newStore(b, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
+	s := newStore(b, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -254,7 +254,7 @@ func BenchmarkChargeFreshKeys(b *testing.B) {
 // BenchmarkChargeReplay measures a retry answered from the stored response.
 func BenchmarkChargeReplay(b *testing.B) {
 	e := setup(b)
-	s := newStore(b, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
+	s := newStore(b, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("acme", "replayed", 100, "")); err != nil {
 		b.Fatal(err)
@@ -270,7 +270,7 @@ func BenchmarkChargeReplay(b *testing.B) {
 func TestBalanceTableAgreesWithLedger(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema})
 	var wg sync.WaitGroup
 	for i := range 20 {
 		wg.Go(func() {
@@ -320,7 +320,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func TestReplayDoesNotLockTheKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	s := newStore(t, postgres.Config{Pool: e.pool, Wait: 200 * time.Millisecond})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), Wait: 200 * time.Millisecond})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("acme", "hot", 100, "")); err != nil {
 		t.Fatal(err)
@@ -349,7 +349,7 @@ func TestWaitIsBoundedByThePool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	s := newStore(t, postgres.Config{Pool: pool, Wait: 200 * time.Millisecond})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(pool), Wait: 200 * time.Millisecond})
 	held, err := pool.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +386,7 @@ func TestApplyIsIdempotentByChargeID(t *testing.T) {
 func TestReusedKeyWritesNothing(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	s := newStore(t, postgres.Config{Pool: e.pool, AppName: "lab-test-" + e.schema})
+	s := newStore(t, postgres.Config{Pool: pgdb.NewPool(e.pool), AppName: "lab-test-" + e.schema})
 	ctx := context.Background()
 	if _, err := s.Charge(ctx, attempt("acme", "k-reuse", 2500, "")); err != nil {
 		t.Fatal(err)
