@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -39,18 +40,22 @@ func invalid(t *testing.T, err error, param string) {
 	}
 }
 
-// printable is the text check of the lab: 1..max bytes of UTF-8 without
-// control characters.
+// printable is the lab's rule for printable text, written here apart from
+// lab.CheckText: 1..max bytes of UTF-8 with no control character (Cc), line
+// or paragraph separator (Zl, Zp), format character (Cf) or other
+// default-ignorable character, and no white space at either end.
 func printable(s string, max int) bool {
 	if s == "" || len(s) > max || !utf8.ValidString(s) {
 		return false
 	}
 	for _, r := range s {
-		if r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0 {
+		if unicode.In(r, unicode.Cc, unicode.Zl, unicode.Zp, unicode.Cf, unicode.Other_Default_Ignorable_Code_Point) {
 			return false
 		}
 	}
-	return true
+	first, _ := utf8.DecodeRuneInString(s)
+	last, _ := utf8.DecodeLastRuneInString(s)
+	return !unicode.IsSpace(first) && !unicode.IsSpace(last)
 }
 
 func checkRequest(t *testing.T, r lab.ChargeRequest) {
@@ -158,7 +163,8 @@ func FuzzParseInt(f *testing.F) {
 
 func FuzzParseText(f *testing.F) {
 	for _, s := range []string{"", "order-4711", "a b", "café", "\x00", "\xff", "a\nb", "a\x7f", "a\u0085", "\xed\xa0\x80",
-		strings.Repeat("k", 255), strings.Repeat("k", 256)} {
+		strings.Repeat("k", 255), strings.Repeat("k", 256), "\u200b", "abc\u202edef", "k\u00a0", "\u00a0k", "   ", "\u3000",
+		"\ufeffk", "or\u00adder", "acct\u2066-1", "\u3164", "a\u2028b", " k", "k ", "a\u3000b", "\u2764\ufe0f", "e\u0301", `"k"`} {
 		f.Add(s, true)
 		f.Add(s, false)
 	}
@@ -175,12 +181,25 @@ func FuzzParseText(f *testing.F) {
 			case v != raw || !printable(v, max):
 				t.Fatalf("accepted %q as %q (max %d)", raw, v, max)
 			}
+			if present && err != nil && printable(raw, max) {
+				t.Fatalf("refused printable text %q (max %d): %v", raw, max, err)
+			}
 			if max == lab.MaxKeyBytes && present {
 				// The query's key and the Idempotency-Key header agree.
 				if kerr := lab.ValidateKey(raw); (kerr == nil) != (err == nil) {
 					t.Fatalf("ParseText %v, ValidateKey %v", err, kerr)
 				} else if kerr != nil {
 					invalid(t, kerr, "Idempotency-Key")
+				}
+				// And so does the header's bare form, when it is one: no
+				// quote or backslash, no optional white space around it.
+				if !strings.ContainsAny(raw, `"\`) && strings.Trim(raw, " \t") == raw {
+					key, _, herr := lab.ParseKeyHeader([]string{raw})
+					if (herr == nil) != (err == nil) || herr == nil && key != raw {
+						t.Fatalf("ParseText %v, ParseKeyHeader %q, %v", err, key, herr)
+					} else if herr != nil {
+						invalid(t, herr, lab.KeyHeader)
+					}
 				}
 			}
 		}
@@ -220,7 +239,8 @@ func FuzzParseName(f *testing.F) {
 func FuzzQuery(f *testing.F) {
 	for _, s := range []string{"", "account=%00", "account=%ff", "key=%00", "store=postgres&key=%00", "key=", "key=a&key=b",
 		"limit=%2B5", "limit=+5", "limit=5", "a=%zz", "a=1;b=2", "attempts=5&amount=2500&replicas=1&fault=slow&work_ms=300&ttl_ms=100",
-		"account=a+b", "format=markdown", "scope=local", "%=", "=", "&&", "key=%E2%82"} {
+		"account=a+b", "format=markdown", "scope=local", "%=", "=", "&&", "key=%E2%82", "key=%E2%80%8B", "key=k%C2%A0", "key=+++",
+		"account=acct%E2%81%A6-1", "order_id=%EF%BB%BFo"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, raw string) {
@@ -239,9 +259,16 @@ func FuzzQuery(f *testing.F) {
 				t.Fatalf("%s=%q accepted", name, s)
 			}
 		}
+		text := func(name string, v string, err error) {
+			t.Helper()
+			check(name, v, err)
+			if err == nil && v != "def" && !printable(v, lab.MaxKeyBytes) {
+				t.Fatalf("%s=%q accepted: not printable text", name, v)
+			}
+		}
 		for _, name := range []string{"key", "account", "order_id", "tenant", "other_tenant"} {
 			v, err := q.Text(name, "def", lab.MaxKeyBytes)
-			check(name, v, err)
+			text(name, v, err)
 		}
 		for _, name := range []string{"store", "scenario", "fault"} {
 			v, err := q.Name(name, "def")

@@ -13,7 +13,8 @@ const KeyHeader = "Idempotency-Key"
 // and \\ as its only escapes, printable ASCII inside); a bare value, as
 // many clients send it, is accepted as the same key. So `"sf-1"` and
 // `sf-1` name one key. More than one field line is refused: which one
-// would the server honour? present is false when there is none.
+// would the server honour? Either form must then hold printable text (see
+// ValidateKey). present is false when there is none.
 func ParseKeyHeader(lines []string) (key string, present bool, err error) {
 	switch len(lines) {
 	case 0:
@@ -22,7 +23,9 @@ func ParseKeyHeader(lines []string) (key string, present bool, err error) {
 	default:
 		return "", true, Invalid(KeyHeader, "must be sent once (got %d fields)", len(lines))
 	}
-	raw := strings.TrimSpace(lines[0]) // optional white space around a field value
+	// Optional white space around a field value is SP and HTAB (RFC 9110):
+	// any other space, U+00A0 say, stays in the key and ValidateKey refuses it.
+	raw := strings.Trim(lines[0], " \t")
 	if strings.HasPrefix(raw, `"`) {
 		if key, err = parseSFString(raw); err != nil {
 			return "", true, err

@@ -5,7 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // Query parameters are validated before anything reads a store or a
@@ -131,9 +130,10 @@ func ParseInt(name, raw string, present bool, def, lo, hi int64) (int64, error) 
 }
 
 // ParseText parses a free-text parameter (key, account, order_id, tenant):
-// absent, it is def; present, it must be 1..max bytes of valid UTF-8
-// without control characters (C0, DEL, C1). Spaces and non-ASCII letters
-// are allowed, as they are in the charge body.
+// absent, it is def; present, it must be 1..max bytes of printable text
+// (see CheckText): valid UTF-8 without control, format or other invisible
+// characters and without whitespace at either end. Spaces inside and
+// non-ASCII letters are allowed, as they are in the charge body.
 func ParseText(name, raw string, present bool, def string, max int) (string, error) {
 	switch {
 	case !present:
@@ -142,10 +142,9 @@ func ParseText(name, raw string, present bool, def string, max int) (string, err
 		return "", Invalid(name, "must not be empty: 1..%d bytes of printable text, or leave it out", max)
 	case len(raw) > max:
 		return "", Invalid(name, "is %d bytes; allowed 1..%d bytes", len(raw), max)
-	case !utf8.ValidString(raw):
-		return "", Invalid(name, "must be valid UTF-8 (1..%d bytes of printable text)", max)
-	case hasControl(raw):
-		return "", Invalid(name, "must be printable text without control characters (1..%d bytes)", max)
+	}
+	if err := textError(name, raw, max); err != nil {
+		return "", err
 	}
 	return raw, nil
 }

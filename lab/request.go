@@ -411,8 +411,7 @@ func clip(s string) string {
 const asciiLetters = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 // Normalize applies defaults and validates every field: account 1..64 bytes
-// and order_id 0..64 bytes of printable text (valid UTF-8, no control
-// characters), amount_cents in 1..MaxAmountCents, currency three ASCII
+// and order_id 0..64 bytes of printable text (see CheckText), amount_cents in 1..MaxAmountCents, currency three ASCII
 // letters (upper-cased; empty means DefaultCurrency).
 func (r ChargeRequest) Normalize() (ChargeRequest, error) {
 	if err := checkText("account", r.Account, MaxAccountBytes, true); err != nil {
@@ -454,17 +453,14 @@ func (r ChargeRequest) Fingerprint() string {
 	return hex.EncodeToString(sum[:])
 }
 
-// ValidateKey checks an Idempotency-Key header value.
+// ValidateKey checks an Idempotency-Key header value: 1..MaxKeyBytes bytes
+// of printable text (see CheckText). Keys are compared byte for byte, never
+// normalized.
 func ValidateKey(key string) error {
-	switch {
-	case key == "":
-		return Invalid("Idempotency-Key", "must not be empty (1..%d bytes of printable text)", MaxKeyBytes)
-	case len(key) > MaxKeyBytes:
-		return Invalid("Idempotency-Key", "is %d bytes; allowed 1..%d bytes", len(key), MaxKeyBytes)
-	case !utf8.ValidString(key) || hasControl(key):
-		return Invalid("Idempotency-Key", "must be printable text without control characters")
+	if key == "" {
+		return Invalid(KeyHeader, "must not be empty (1..%d bytes of printable text)", MaxKeyBytes)
 	}
-	return nil
+	return CheckText(KeyHeader, key, MaxKeyBytes)
 }
 
 func checkText(name, v string, max int, required bool) error {
@@ -473,19 +469,8 @@ func checkText(name, v string, max int, required bool) error {
 		return Invalid(name, "is required: 1..%d bytes of printable text", max)
 	case len(v) > max:
 		return Invalid(name, "is %d bytes; allowed 1..%d bytes", len(v), max)
-	case !utf8.ValidString(v) || hasControl(v):
-		return Invalid(name, "must be printable text without control characters")
 	}
-	return nil
-}
-
-func hasControl(s string) bool {
-	for _, r := range s {
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
-			return true
-		}
-	}
-	return false
+	return textError(name, v, max)
 }
 
 // jsonString decodes a JSON string value. An empty string is refused for

@@ -148,6 +148,7 @@ func (g *fuzzGen) badInt(over string) string {
 
 func (g *fuzzGen) badText(max int) string {
 	return g.pick("", "%00", "%ff", "a%0Ab", "%7F", "a%C2%85", "%ed%a0%80", "%c0%af", "\xff\xfe", "a%09b",
+		"%E2%80%8B", "k%E2%80%AEk", "k%C2%A0", "+++", "%E3%80%80", "%EF%BB%BFk", "%E3%85%A4",
 		strings.Repeat("x", max+1), strings.Repeat("%E2%82%AC", max/3+1), strings.Repeat("y", 5000))
 }
 
@@ -230,12 +231,13 @@ func (g *fuzzGen) badBody() (string, []byte) {
 		return "amount not a JSON integer", amount(g.pick(`"2500"`, `2500.0`, `2.5e3`, `25E2`, `-0`, `1e1000`, `true`, `[2500]`,
 			`{"v":2500}`, `null`, `02500`, `99999999999999999999`, `-5`, `0`, `10000001`, `0x9c4`, `+2500`, `.5`, strings.Repeat("9", 5000)))
 	case 4:
-		return "account", acct(g.pick(`null`, `""`, `1`, `[]`, `{}`, `"`+strings.Repeat("a", 65)+`"`, `"a\u0001b"`, `"a\u0085b"`, `true`))
+		return "account", acct(g.pick(`null`, `""`, `1`, `[]`, `{}`, `"`+strings.Repeat("a", 65)+`"`, `"a\u0001b"`, `"a\u0085b"`, `true`,
+			`"\u200b"`, `"acct\u2066-1"`, `"   "`, `"acct-1\u00a0"`, "\"acct\u202e-1\""))
 	case 5:
 		if g.chance(0.5) {
 			return "currency", with("currency", g.pick(`null`, `""`, `1`, `"US"`, `"USDD"`, `"1$%"`, `"U\u0000D"`, `[]`, `{}`))
 		}
-		return "order_id", with("order_id", g.pick(`null`, `""`, `1`, `"`+strings.Repeat("o", 65)+`"`, `"a\u0001b"`, `[]`, `true`))
+		return "order_id", with("order_id", g.pick(`null`, `""`, `1`, `"`+strings.Repeat("o", 65)+`"`, `"a\u0001b"`, `[]`, `true`, `"\ufeffo"`, `" o-1"`))
 	case 6:
 		bad := g.pick("\xff", "\xc3\x28", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80", "\xfe")
 		return "invalid UTF-8", []byte(`{"account":"acct-` + bad + `","amount_cents":2500}`)
@@ -261,6 +263,7 @@ func (g *fuzzGen) badKey(r *fuzzReq, i int) string {
 		return "two Idempotency-Key fields"
 	}
 	v := g.pick("", "  ", `"unterminated`, `a\b`, `a"b`, `"a\x"`, `"ü"`, `"a" b`, `""`, "a\tb", "\xff\xfe",
+		"\u200b", "a\u202eb", "k\u00a0", "\u3000", "\ufeffk", "k\u00adk", "\u3164",
 		strings.Repeat("k", 256), strings.Repeat("k", 5000), `"`+strings.Repeat("q", 256)+`"`)
 	r.header[lab.KeyHeader] = []string{v}
 	return fmt.Sprintf("Idempotency-Key %.30q", v)
@@ -296,7 +299,7 @@ func (g *fuzzGen) charge(r *fuzzReq, i int) []fuzzMutation {
 			return fmt.Sprintf("Lab-Fault %.30q", v)
 		},
 		func(g *fuzzGen, r *fuzzReq) string {
-			r.header.Set("Lab-Run", g.pick(strings.Repeat("r", 65), "a\tb", "\xff", strings.Repeat("r", 5000)))
+			r.header.Set("Lab-Run", g.pick(strings.Repeat("r", 65), "a\tb", "\xff", strings.Repeat("r", 5000), "run-\u202e1", "\u200b"))
 			return "Lab-Run"
 		},
 		func(g *fuzzGen, r *fuzzReq) string {

@@ -466,8 +466,10 @@ func (s *Server) postCharge(c echo.Context) error {
 		}
 	}
 	run := r.Header.Get("Lab-Run")
-	if len(run) > 64 || lab.ValidateKey(run) != nil && run != "" {
-		return lab.Invalid("Lab-Run", "must be 1..64 bytes of printable text")
+	if run != "" {
+		if err := lab.CheckText("Lab-Run", run, 64); err != nil {
+			return err
+		}
 	}
 	if run != "" {
 		if err := s.checkRun(r.Context(), run, who.Namespace); err != nil {
@@ -855,8 +857,8 @@ func (s *Server) operation(c echo.Context) error {
 		return err
 	}
 	key := c.Param("key") // Echo hands it over unescaped
-	if lab.ValidateKey(key) != nil {
-		return lab.Invalid("key", "must be 1..255 bytes of printable text")
+	if err := lab.CheckText("key", key, lab.MaxKeyBytes); err != nil {
+		return err
 	}
 	op, err := looker.Operation(c.Request().Context(), lab.Scope{Tenant: who.Tenant, Endpoint: lab.Endpoint, Key: key})
 	if errors.Is(err, lab.ErrOperationNotFound) {
