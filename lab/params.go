@@ -46,7 +46,7 @@ func (q Query) Allow(names ...string) error {
 	for _, n := range q.Names() {
 		if !slices.Contains(names, n) {
 			param := n
-			if n == "" || !utf8.ValidString(n) || hasControl(n) || len(n) > MaxNameBytes {
+			if !isName(n) {
 				param = "query" // the problem names it quoted, not raw
 			}
 			if len(names) == 0 {
