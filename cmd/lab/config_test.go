@@ -12,10 +12,10 @@ import (
 	"time"
 )
 
-// TestReadmeConfigTable checks the README's configuration table against
-// what `lab serve --help` prints: every flag, its environment variable and
-// its default, in both, the same.
-func TestReadmeConfigTable(t *testing.T) {
+// TestConfigurationTable checks the configuration table (docs/configuration.md,
+// which the README links to) against what `lab serve --help` prints: every
+// flag, its environment variable and its default, in both, the same.
+func TestConfigurationTable(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if err := run(context.Background(), []string{"serve", "--help"}, &stdout, &stderr); !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("serve --help: %v", err)
@@ -28,11 +28,14 @@ func TestReadmeConfigTable(t *testing.T) {
 	if len(help) < 20 {
 		t.Fatalf("--help lists %d settings:\n%s", len(help), stderr.String())
 	}
-	readme, err := os.ReadFile("../../README.md")
+	doc, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, _ := strings.Cut(string(readme), "\n## Configuration\n")
+	_, section, found := strings.Cut(string(doc), "\n## Every flag\n")
+	if !found {
+		t.Fatal(`docs/configuration.md lacks its "## Every flag" section`)
+	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	documented := map[string]row{}
 	for _, m := range regexp.MustCompile("(?m)^\\| `-([a-z-]+)` \\| `([A-Z_]+)` \\| (`[^`]*`|) \\|").FindAllStringSubmatch(section, -1) {
@@ -46,14 +49,14 @@ func TestReadmeConfigTable(t *testing.T) {
 		d, ok := documented[name]
 		switch {
 		case !ok:
-			t.Errorf("-%s (env %s, default %s) is missing from the README's table", name, h.env, h.def)
+			t.Errorf("-%s (env %s, default %s) is missing from docs/configuration.md", name, h.env, h.def)
 		case d != h:
-			t.Errorf("-%s: README says env %s, default %s; --help says env %s, default %s", name, d.env, d.def, h.env, h.def)
+			t.Errorf("-%s: docs/configuration.md says env %s, default %s; --help says env %s, default %s", name, d.env, d.def, h.env, h.def)
 		}
 	}
 	for name := range documented {
 		if _, ok := help[name]; !ok {
-			t.Errorf("the README documents -%s, which lab serve does not have", name)
+			t.Errorf("docs/configuration.md documents -%s, which lab serve does not have", name)
 		}
 	}
 }

@@ -182,7 +182,10 @@ func (s *services) open(t tb, cfg settings) *env {
 		Ledger: bk, Sender: outboxOnly{}, Clock: c.Now, Logger: slog.New(slog.DiscardHandler),
 		Window: cfg.window, Wait: cfg.wait, ClaimTTL: cfg.claimTTL,
 		Redis: s.redis, RedisPrefix: s.prefix + cfg.prefix, RedisWhere: s.redisWhere,
-		Postgres: pgdb.NewPool(s.pool), AppName: s.appName,
+		AppName: s.appName,
+	}
+	if s.pool != nil {
+		deps.Postgres = pgdb.NewPool(s.pool)
 	}
 	st, err := s.b.v.Open(context.Background(), deps)
 	if err != nil {
