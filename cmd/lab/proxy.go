@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab/front"
+	"github.com/idempotency-lab/lab/lab/httpserve"
 )
 
 // runProxy serves the round-robin front until ctx ends.
@@ -24,7 +25,14 @@ func runProxy(ctx context.Context, args []string, stderr io.Writer) error {
 	targets := fs.String("targets", env("LAB_PROXY_TARGETS", ""), "replica base URLs, comma-separated (env LAB_PROXY_TARGETS)")
 	interval := fs.Duration("health-interval", time.Second, "how often each replica's /health is checked")
 	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
+	timeouts, err := timeoutFlags(fs)
+	if err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := timeouts.Check(); err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, *level)
@@ -46,7 +54,7 @@ func runProxy(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("error listening on %s: %w", *addr, err)
 	}
-	srv := &http.Server{Handler: f.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv := httpserve.New(f.Handler(), *timeouts)
 	checks, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { f.Run(checks) })

@@ -25,6 +25,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/delivery"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/inmem"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
@@ -90,7 +91,7 @@ type App struct {
 }
 
 // maxHeaderBytes bounds a request's headers: the lab's need a few hundred bytes.
-const maxHeaderBytes = 16 << 10
+const maxHeaderBytes = httpserve.MaxHeaderBytes
 
 // replica is one server with its own process-local state.
 type replica struct {
@@ -308,10 +309,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 	}
 	r := &replica{
 		name: name, server: srv, stores: stores, url: selfURL(ln), served: make(chan error, 1),
-		http: &http.Server{
-			Handler: srv.Handler(), ReadHeaderTimeout: min(a.cfg.ReadTimeout, 5*time.Second), ReadTimeout: a.cfg.ReadTimeout,
-			WriteTimeout: a.cfg.WriteTimeout, IdleTimeout: a.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
-		},
+		http: httpserve.New(srv.Handler(), a.cfg.Timeouts()),
 	}
 	go func() {
 		err := r.http.Serve(ln)

@@ -3,6 +3,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"github.com/idempotency-lab/lab/lab/httpserve"
 	"log/slog"
 	"net/url"
 	"regexp"
@@ -125,13 +126,19 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// Timeouts are the ones every server of the lab takes (its replicas, its
+// own provider), as configured.
+func (c Config) Timeouts() httpserve.Timeouts {
+	return httpserve.Timeouts{Read: c.ReadTimeout, Write: c.WriteTimeout, Idle: c.IdleTimeout}
+}
+
 // DefaultConfig returns the lab's defaults, with no variants.
 func DefaultConfig() Config {
 	return Config{
 		Addr:            "127.0.0.1:8616",
-		ReadTimeout:     10 * time.Second,
-		WriteTimeout:    5 * time.Minute,
-		IdleTimeout:     time.Minute,
+		ReadTimeout:     httpserve.DefaultTimeouts().Read,
+		WriteTimeout:    httpserve.DefaultTimeouts().Write,
+		IdleTimeout:     httpserve.DefaultTimeouts().Idle,
 		Tenants:         map[string]string{"demo-token-acme": "acme", "demo-token-globex": "globex"},
 		FaultsEnabled:   true,
 		PublicTenant:    "acme",

@@ -23,6 +23,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
@@ -150,7 +151,7 @@ func (b *bencher) echoCeiling(ctx context.Context) (*Ceiling, error) {
 		c.Status = "failed: " + err.Error()
 		return c, nil
 	}
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 5 * time.Second}
+	srv := httpserve.New(e, httpserve.DefaultTimeouts())
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	defer func() {
