@@ -3,6 +3,7 @@ package variants_test
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
@@ -51,11 +52,22 @@ func TestRedisFailoverLosesTheClaim(t *testing.T) {
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=promote", globex, ""); r.Status != http.StatusConflict {
 		t.Fatalf("another namespace's promote: %d %s", r.Status, r.Body)
 	}
-	r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?store=redis&key=k-blocked&fault=failover&attempts=2", globex, "")
-	if r.Status != http.StatusConflict || labtest.Decode[lab.Problem](t, r).Code != "failover_under_way" {
-		t.Fatalf("a failover run while another is under way: %d %s", r.Status, r.Body)
+	// A hold nobody promotes blocks nobody for long: globex's failover run
+	// waits for acme's hold to pass its deadline, ends it and runs, and acme,
+	// holding again meanwhile, is told to wait its turn.
+	start := time.Now()
+	blocked := make(chan labtest.Reply, 1)
+	go func() {
+		blocked <- labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?store=redis&key=k-waited&fault=failover&attempts=2", globex, "")
+	}()
+	r := <-blocked
+	if r.Status != http.StatusOK || time.Since(start) < 4*time.Second {
+		t.Fatalf("a failover run while another's hold lasted: %d after %s %s", r.Status, time.Since(start), r.Body)
 	}
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=promote", nil, ""); r.Status != http.StatusOK {
-		t.Fatalf("promote: %d %s", r.Status, r.Body)
+	if rep := labtest.Decode[experiment.Report](t, r); rep.Verdict != lab.Breaks || rep.KeyCharges != 2 {
+		t.Errorf("globex's failover run after waiting: %s with %d charges: %s", rep.Verdict, rep.KeyCharges, rep.Explanation)
+	}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=promote", nil, ""); r.Status != http.StatusBadRequest {
+		t.Fatalf("acme's promote of the hold that was ended: %d %s", r.Status, r.Body)
 	}
 }

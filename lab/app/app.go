@@ -66,6 +66,10 @@ type App struct {
 	failingMu sync.Mutex    // one failover at a time; guards holder and heldAt
 	holder    lab.Namespace // who held the pair's replication back, if this process did
 	heldAt    time.Time
+	// waiting is the namespace refused last while another held, and when:
+	// it has the next turn for a moment.
+	waiting   lab.Namespace
+	waitingAt time.Time
 
 	secret         []byte           // signs and verifies the provider's webhooks
 	providerClient *provider.Client // the payment provider, over HTTP

@@ -48,8 +48,14 @@ func (a *App) openPair(ctx context.Context) {
 }
 
 // holdDeadline is how long a hold may last before the next failover
-// may end it: a run whose promote never came does not block the pair.
-const holdDeadline = 30 * time.Second
+// may end it: a run whose promote never came does not block the pair. A
+// run promotes as soon as its first attempt answered, in well under it.
+const holdDeadline = 5 * time.Second
+
+// turnFor is how long a namespace refused while another held keeps the
+// next turn: one namespace holding again and again cannot keep the others
+// from ever failing over.
+const turnFor = 2 * time.Second
 
 // Failover steps the pair through a failover for namespace ns: "hold"
 // stops replication (refused while another failover is under way),
@@ -73,8 +79,15 @@ func (a *App) Failover(ctx context.Context, ns lab.Namespace, step string) (prim
 	switch step {
 	case "hold":
 		if held && !stale {
+			if a.waiting == "" || time.Since(a.waitingAt) > turnFor {
+				a.waiting, a.waitingAt = ns, time.Now()
+			}
 			return "", lab.ErrFailoverUnderWay
 		}
+		if a.waiting != "" && a.waiting != ns && time.Since(a.waitingAt) <= turnFor {
+			return "", lab.ErrFailoverUnderWay // the namespace refused last goes first
+		}
+		a.waiting = ""
 		if held { // a hold nobody promoted: end it first
 			a.cfg.Logger.Warn("ending a failover hold past its deadline", "held_by", a.holder)
 			if err := a.pair.Promote(ctx); err != nil {
