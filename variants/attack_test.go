@@ -608,8 +608,13 @@ func attackNamespaces(t *testing.T) {
 		for i := range n {
 			charged += keyCharges(t, a, B.Tenant, postgres.Name, fmt.Sprintf("b-f04-pg-%d", i))
 		}
-		if applied != budget || charged != budget {
-			t.Errorf("B's flood: %d answered 201, %d charged; want its budget of %d connections", applied, charged, budget)
+		// How many of B's charges got through depends on when each arrived
+		// (a slot freed by a finished one may still be in time for a later
+		// one); what may never happen is B holding more than its budget.
+		held := a.StorePools()[0].Held(B.Namespace)
+		if applied < 1 || applied != charged || applied == n || held.PeakAcrossWork > budget {
+			t.Errorf("B's flood: %d answered 201, %d charged, at most %d held across slow work at once; want some refused and at most %d held",
+				applied, charged, held.PeakAcrossWork, budget)
 		}
 		for i := range 3 {
 			if k := keyCharges(t, a, A.Tenant, postgres.Name, fmt.Sprintf("a-f04-pg-%d", i)); k != 1 {
