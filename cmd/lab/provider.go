@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
@@ -30,6 +32,15 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL for the provider's records; empty keeps them in memory (env DATABASE_URL)")
 	schema := fs.String("pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "PostgreSQL schema of the records (env LAB_PG_SCHEMA)")
 	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
+	// The lab's own servers' timeouts, under the same names.
+	d := app.DefaultConfig()
+	if err := declare(fs, []setting{
+		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request (env LAB_READ_TIMEOUT)", (*duration)(&d.ReadTimeout)},
+		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange (env LAB_WRITE_TIMEOUT)", (*duration)(&d.WriteTimeout)},
+		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this (env LAB_IDLE_TIMEOUT)", (*duration)(&d.IdleTimeout)},
+	}, os.LookupEnv); err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -63,7 +74,10 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	p.Register(e.Group("/provider"))
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler: e, ReadHeaderTimeout: min(d.ReadTimeout, 5*time.Second), ReadTimeout: d.ReadTimeout,
+		WriteTimeout: d.WriteTimeout, IdleTimeout: d.IdleTimeout, MaxHeaderBytes: 16 << 10, // as the lab's servers
+	}
 	work, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(work) })

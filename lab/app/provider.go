@@ -67,7 +67,10 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL string) (stri
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	p.Register(e.Group("/provider"))
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: maxHeaderBytes}
+	srv := &http.Server{
+		Handler: e, ReadHeaderTimeout: min(a.cfg.ReadTimeout, 5*time.Second), ReadTimeout: a.cfg.ReadTimeout,
+		WriteTimeout: a.cfg.WriteTimeout, IdleTimeout: a.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
+	}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
