@@ -29,6 +29,8 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	webhookURL := fs.String("webhook-url", env("LAB_WEBHOOK_URL", ""),
 		"where webhooks go, e.g. http://127.0.0.1:8616/webhooks/provider; empty sends none (env LAB_WEBHOOK_URL)")
 	secret := fs.String("webhook-secret", env("LAB_WEBHOOK_SECRET", ""), "secret the webhooks are signed with; the lab's -webhook-secret (env LAB_WEBHOOK_SECRET)")
+	apiKey := fs.String("api-key", env("LAB_PROVIDER_API_KEY", ""),
+		"API key every call must carry as Authorization: Bearer; the lab's -provider-api-key (env LAB_PROVIDER_API_KEY)")
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL for the provider's records; empty keeps them in memory (env DATABASE_URL)")
 	schema := fs.String("pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "PostgreSQL schema of the records (env LAB_PG_SCHEMA)")
 	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
@@ -52,7 +54,10 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg := provider.DefaultConfig()
-	cfg.Logger, cfg.WebhookURL, cfg.Secret, cfg.Records = log, *webhookURL, []byte(*secret), provider.NewMemory()
+	cfg.Logger, cfg.APIKey, cfg.WebhookURL, cfg.Secret, cfg.Records = log, *apiKey, *webhookURL, []byte(*secret), provider.NewMemory()
+	if err := provider.CheckAPIKey(cfg.APIKey); err != nil {
+		return fmt.Errorf("%w (set -api-key or LAB_PROVIDER_API_KEY, and the lab's -provider-api-key to the same)", err)
+	}
 	where := "memory"
 	if *dbURL != "" {
 		pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: *dbURL, Schema: *schema, Size: 10, AppName: "idempotency-lab-provider", Migrate: true})

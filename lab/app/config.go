@@ -11,6 +11,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -119,6 +120,12 @@ type Config struct {
 	// which only works with the lab's own provider; with ProviderURL it is
 	// required and must be the provider's.
 	WebhookSecret string
+	// ProviderAPIKey is the provider's API key, which the lab sends with
+	// every call (Authorization: Bearer) and without which the provider
+	// answers 401. Default none: the lab's own provider draws one per
+	// process, known to nobody else; with ProviderURL it is required and
+	// must be the provider's.
+	ProviderAPIKey string
 	// Clock tells the time to every service. Default time.Now.
 	Clock lab.Clock
 	// Logger receives the lab's logs. Default: discarded.
@@ -234,8 +241,16 @@ func (c Config) Validate() error {
 		if c.WebhookSecret == "" {
 			bad("an external provider (provider URL) signs its webhooks with a shared secret: set the webhook secret to the provider's")
 		}
+		if c.ProviderAPIKey == "" {
+			bad("an external provider (provider URL) authenticates its callers: set the provider API key to the provider's")
+		}
 	} else if c.ProviderAddr == "" {
 		bad("provider addr is required when no provider URL is given (e.g. 127.0.0.1:0)")
+	}
+	if c.ProviderAPIKey != "" {
+		if err := provider.CheckAPIKey(c.ProviderAPIKey); err != nil {
+			bad("provider API key: %v", err)
+		}
 	}
 	if (c.RedisPairPrimary == "") != (c.RedisPairReplica == "") {
 		bad("the Redis pair needs both its primary and its replica URL (or neither)")

@@ -391,18 +391,20 @@ func TestNew(t *testing.T) {
 	t.Parallel()
 	m := provider.NewMemory()
 	for name, cfg := range map[string]provider.Config{
-		"NoRecords":        {},
-		"NoSecret":         {Records: m, WebhookURL: "http://127.0.0.1:1/webhooks"},
-		"RelativeURL":      {Records: m, Secret: secret, WebhookURL: "/webhooks"},
-		"NegativeAttempts": {Records: m, WebhookAttempts: -1},
-		"NegativeHold":     {Records: m, ResponseLostHold: -time.Second},
+		"NoRecords":        {APIKey: apiKey},
+		"NoAPIKey":         {Records: m},
+		"APIKeyWithSpace":  {Records: m, APIKey: "a key"},
+		"NoSecret":         {Records: m, APIKey: apiKey, WebhookURL: "http://127.0.0.1:1/webhooks"},
+		"RelativeURL":      {Records: m, APIKey: apiKey, Secret: secret, WebhookURL: "/webhooks"},
+		"NegativeAttempts": {Records: m, APIKey: apiKey, WebhookAttempts: -1},
+		"NegativeHold":     {Records: m, APIKey: apiKey, ResponseLostHold: -time.Second},
 	} {
 		if _, err := provider.New(cfg); err == nil {
 			t.Errorf("%s: New accepted %+v", name, cfg)
 		}
 	}
-	if _, err := provider.New(provider.Config{Records: m}); err != nil {
-		t.Fatalf("New with records alone: %v", err)
+	if _, err := provider.New(provider.Config{Records: m, APIKey: apiKey}); err != nil {
+		t.Fatalf("New with records and an API key alone: %v", err)
 	}
 }
 
@@ -417,7 +419,7 @@ func TestClientErrors(t *testing.T) {
 		t.Fatalf("no detail in %+v", se)
 	}
 	// Nothing listens: a transport error, wrapped.
-	dead := provider.NewClient("http://127.0.0.1:1/provider", e.hc)
+	dead := provider.NewClient("http://127.0.0.1:1/provider", apiKey, e.hc)
 	_, _, err = dead.Capture(ctx, "k", captureReq("acme", "ch_1", 1), "")
 	transportError(t, err)
 	var oe interface{ Timeout() bool }

@@ -68,7 +68,7 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("AppliedResponseLost", func(t *testing.T) {
 		e := setup(t, options{})
-		impatient := provider.NewClient(e.base, &http.Client{Transport: e.hc.Transport, Timeout: 200 * time.Millisecond})
+		impatient := provider.NewClient(e.base, apiKey, &http.Client{Transport: e.hc.Transport, Timeout: 200 * time.Millisecond})
 		_, _, err := impatient.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
 		transportError(t, err)
 		if s := e.stats(t, "acme"); s.CapturesApplied != 1 {

@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,6 +76,8 @@ var (
 		"a capture needs an Idempotency-Key header (1..255 printable ASCII characters)")
 	errInProgress = &problem{http.StatusConflict, "capture_in_progress", "Capture in progress",
 		"another request with this Idempotency-Key is being handled; retry when it has been answered"}
+	errUnauthenticated = &problem{http.StatusUnauthorized, "unauthenticated", "Unauthenticated",
+		"the provider's API asks for its API key: send Authorization: Bearer <key>; nothing was read or changed"}
 	errInjected = &problem{http.StatusServiceUnavailable, "provider_unavailable", "Provider unavailable",
 		"the provider failed (an injected error); nothing was recorded, so a retry is safe"}
 )
@@ -107,6 +110,20 @@ func (p *Provider) fail(c echo.Context, err error) error {
 	}
 	resp := lab.Problem{Title: pr.title, Status: pr.status, Code: pr.code, Detail: pr.detail}.Response()
 	return c.Blob(resp.Status, "application/problem+json", resp.Body)
+}
+
+// authenticate lets through the requests that carry the API key, compared
+// in constant time; the others are answered 401 before anything is read,
+// a fault included.
+func (p *Provider) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		token, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(p.cfg.APIKey)) != 1 {
+			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="provider"`)
+			return p.fail(c, errUnauthenticated)
+		}
+		return next(c)
+	}
 }
 
 // decodeStrict reads one JSON object into v: no unknown field, nothing

@@ -15,6 +15,7 @@ import (
 	randv2 "math/rand/v2"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,11 +26,15 @@ import (
 )
 
 // Config says how a provider behaves. Zero fields take DefaultConfig's
-// values, except Records, which is required, and Secret, which is
-// required when WebhookURL is set.
+// values, except Records and APIKey, which are required, and Secret,
+// which is required when WebhookURL is set.
 type Config struct {
 	// Records keeps what the provider received.
 	Records Records
+	// APIKey is what every caller of the provider's routes sends as
+	// Authorization: Bearer <APIKey>, as a real provider's API key: only
+	// the lab (and whoever runs it) holds it. /health alone is open.
+	APIKey string
 	// Secret signs the webhooks.
 	Secret []byte
 	// WebhookURL receives the webhooks; empty sends none.
@@ -61,8 +66,8 @@ type Config struct {
 	ResponseLostHold time.Duration
 }
 
-// DefaultConfig returns the defaults; Records (and Secret with a
-// WebhookURL) remain to be set.
+// DefaultConfig returns the defaults; Records and APIKey (and Secret with
+// a WebhookURL) remain to be set.
 func DefaultConfig() Config {
 	return Config{
 		Clock:  time.Now,
@@ -155,6 +160,9 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Records == nil {
 		return nil, errors.New("provider: Records is required")
 	}
+	if err := CheckAPIKey(cfg.APIKey); err != nil {
+		return nil, fmt.Errorf("provider: %w", err)
+	}
 	if cfg.WebhookURL != "" {
 		u, err := url.Parse(cfg.WebhookURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -214,8 +222,20 @@ func New(cfg Config) (*Provider, error) {
 	}, nil
 }
 
+// CheckAPIKey accepts an API key: 1..255 printable ASCII characters, no
+// space, as a bearer token is sent.
+func CheckAPIKey(key string) error {
+	if !printable(key, true) || strings.ContainsRune(key, ' ') {
+		return errors.New("an API key is required: 1..255 printable ASCII characters without spaces, " +
+			"which every caller of the provider's routes sends as Authorization: Bearer <key>")
+	}
+	return nil
+}
+
 // Register mounts the provider's routes on g, which the caller names, e.g.
-// e.Group("/provider"); the routes below are relative to it:
+// e.Group("/provider"); the routes below are relative to it. Every one but
+// /health asks for the API key (Authorization: Bearer <key>); without it,
+// or with another, the answer is 401 and nothing is read or changed:
 //
 //	POST   /captures              capture a charge (Idempotency-Key required)
 //	POST   /receipts              send a receipt (deduplicated by event_id)
@@ -228,16 +248,16 @@ func New(cfg Config) (*Provider, error) {
 //	DELETE /faults/:ns            clear them
 //	GET    /health                200 while the process runs
 func (p *Provider) Register(g *echo.Group) {
-	g.POST("/captures", p.capture)
-	g.POST("/receipts", p.receipt)
-	g.GET("/captures", p.listCaptures)
-	g.GET("/stats", p.stats)
-	g.DELETE("/namespaces/:ns", p.resetNamespace)
-	g.DELETE("/records", p.resetAll)
-	g.PUT("/faults/:ns", p.putFaults)
-	g.GET("/faults/:ns", p.getFaults)
-	g.DELETE("/faults/:ns", p.deleteFaults)
-	g.GET("/health", p.health)
+	g.POST("/captures", p.capture, p.authenticate)
+	g.POST("/receipts", p.receipt, p.authenticate)
+	g.GET("/captures", p.listCaptures, p.authenticate)
+	g.GET("/stats", p.stats, p.authenticate)
+	g.DELETE("/namespaces/:ns", p.resetNamespace, p.authenticate)
+	g.DELETE("/records", p.resetAll, p.authenticate)
+	g.PUT("/faults/:ns", p.putFaults, p.authenticate)
+	g.GET("/faults/:ns", p.getFaults, p.authenticate)
+	g.DELETE("/faults/:ns", p.deleteFaults, p.authenticate)
+	g.GET("/health", p.health) // a liveness probe: it reads and changes nothing
 }
 
 // Run sends webhooks until ctx ends and returns once its workers stopped.

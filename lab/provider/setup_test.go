@@ -22,6 +22,9 @@ import (
 
 var secret = []byte("whsec_provider_test")
 
+// apiKey is the test providers' API key.
+const apiKey = "provider-test-key"
+
 // options shape a test's provider.
 type options struct {
 	records provider.Records // default: memory
@@ -62,7 +65,7 @@ func setup(t *testing.T, o options) *env {
 		o.rand = func() float64 { return 0.5 }
 	}
 	cfg := provider.Config{
-		Records: o.records, Secret: secret, Logger: slog.New(slog.DiscardHandler), Rand: o.rand,
+		Records: o.records, APIKey: apiKey, Secret: secret, Logger: slog.New(slog.DiscardHandler), Rand: o.rand,
 		WebhookAttempts: o.attempts, WebhookBackoff: time.Millisecond, WebhookWorkers: 1,
 		WebhookQueue: o.queue, ResponseLostHold: o.hold,
 	}
@@ -102,7 +105,7 @@ func serve(t *testing.T, p *provider.Provider) *env {
 	srv := httptest.NewServer(ech)
 	t.Cleanup(srv.Close)
 	e := &env{p: p, base: srv.URL + "/provider", hc: srv.Client()}
-	e.client = provider.NewClient(e.base, e.hc)
+	e.client = provider.NewClient(e.base, apiKey, e.hc)
 	return e
 }
 
@@ -182,6 +185,7 @@ func (e *env) do(t *testing.T, method, path string, header http.Header, body str
 		t.Fatal(err)
 	}
 	req.GetBody = nil
+	req.Header.Set("Authorization", "Bearer "+apiKey)
 	for k, v := range header {
 		req.Header[k] = v
 	}

@@ -216,7 +216,7 @@ func TestRunStops(t *testing.T) {
 			<-r.Context().Done()
 		}))
 		t.Cleanup(recv.Close)
-		p, err := provider.New(provider.Config{Records: provider.NewMemory(), Secret: secret, WebhookURL: recv.URL,
+		p, err := provider.New(provider.Config{Records: provider.NewMemory(), APIKey: apiKey, Secret: secret, WebhookURL: recv.URL,
 			HTTPClient: recv.Client(), Logger: slog.New(slog.DiscardHandler), WebhookWorkers: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -243,7 +243,7 @@ func TestRunStops(t *testing.T) {
 		}
 	})
 	t.Run("HeldAnswerLetGo", func(t *testing.T) {
-		p, err := provider.New(provider.Config{Records: provider.NewMemory(), Logger: slog.New(slog.DiscardHandler)})
+		p, err := provider.New(provider.Config{Records: provider.NewMemory(), APIKey: apiKey, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
