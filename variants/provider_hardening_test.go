@@ -1,11 +1,13 @@
 package variants_test
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
@@ -87,5 +89,77 @@ func TestProviderAPIClosed(t *testing.T) {
 	caps, err := a.Provider().Captures(ctx, provider.Filter{ChargeID: charge.ID})
 	if err != nil || len(caps) != 1 || caps[0].AmountCents != 1_000_000 || caps[0].Key != lab.DerivedCaptureKey(charge.ID) {
 		t.Fatalf("captures of %s: %+v (%v); want one, the relay's, for 1,000,000 cents", charge.ID, caps, err)
+	}
+}
+
+// TestWebhooksSurviveALabStop replays finding 5: the lab's own provider
+// captures a charge and owes its webhooks when the lab stops (here they
+// are held back by webhook_delay_ms, so the stop lands between the
+// capture and the webhook). The webhooks stay in the provider's records in
+// PostgreSQL; a new lab on the same schema, a minute later, delivers them
+// and the charge settles.
+func TestWebhooksSurviveALabStop(t *testing.T) {
+	t.Parallel()
+	url, schema := labtest.Postgres(t)
+	cfg := labConfig(func(c *app.Config) { c.DatabaseURL, c.PGSchema = url, schema })
+	ctx := t.Context()
+	first, err := app.Start(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	t.Cleanup(func() {
+		if !closed {
+			_ = first.Close(context.Background())
+		}
+	})
+	if err := first.Provider().SetFaults(ctx, "acme", provider.Faults{WebhookDelayMS: 10_000}); err != nil {
+		t.Fatal(err)
+	}
+	charge := chargeRun(t, first, "run-lab-stop", "k-lab-stop", 2500)
+	// The relay delivered: the capture is at the provider, its webhooks owed.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		s, err := first.Books().OutboxStats(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Delivered == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay never delivered: %+v", s)
+		}
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	pool := testPool(t, url)
+	var state string
+	var queued int
+	if err := pool.QueryRow(ctx, `SELECT payment_state, (SELECT count(*) FROM `+schema+`.provider_webhooks WHERE state = 'pending')
+		FROM `+schema+`.charges WHERE id = $1`, charge.ID).Scan(&state, &queued); err != nil || state != lab.PaymentPending || queued != 2 {
+		t.Fatalf("after the stop: charge %s, %d webhooks pending (%v); want pending and 2", state, queued, err)
+	}
+	// A new lab on the same schema, a minute on: the delay is over.
+	next := labtest.Start(t, labConfig(func(c *app.Config) {
+		c.DatabaseURL, c.PGSchema = url, schema
+		c.Clock = func() time.Time { return time.Now().Add(time.Minute) }
+	}))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ps, err := next.Books().Payments(ctx, "acme", "run-lab-stop", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ps) == 1 && ps[0].State == lab.PaymentSucceeded {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the charge never settled after the restart: %+v", ps)
+		}
+	}
+	got, err := next.Provider().Stats(ctx, provider.Filter{Run: "run-lab-stop"})
+	if err != nil || got.WebhooksDelivered != 2 || got.WebhooksQueued != 0 || got.CapturesApplied != 1 {
+		t.Fatalf("provider %+v (%v): want one capture and its 2 webhooks delivered", got, err)
 	}
 }

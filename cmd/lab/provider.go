@@ -34,9 +34,11 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL for the provider's records; empty keeps them in memory (env DATABASE_URL)")
 	schema := fs.String("pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "PostgreSQL schema of the records (env LAB_PG_SCHEMA)")
 	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
-	// The lab's own servers' timeouts, under the same names.
+	// The lab's own servers' timeouts, and its provider's webhook window,
+	// under the same names.
 	d := app.DefaultConfig()
 	if err := declare(fs, []setting{
+		{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long an unacknowledged webhook is retried before it is dead (env LAB_WEBHOOK_WINDOW)", (*duration)(&d.WebhookWindow)},
 		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request (env LAB_READ_TIMEOUT)", (*duration)(&d.ReadTimeout)},
 		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange (env LAB_WRITE_TIMEOUT)", (*duration)(&d.WriteTimeout)},
 		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this (env LAB_IDLE_TIMEOUT)", (*duration)(&d.IdleTimeout)},
@@ -55,6 +57,7 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	cfg := provider.DefaultConfig()
 	cfg.Logger, cfg.APIKey, cfg.WebhookURL, cfg.Secret, cfg.Records = log, *apiKey, *webhookURL, []byte(*secret), provider.NewMemory()
+	cfg.WebhookWindow = d.WebhookWindow
 	if err := provider.CheckAPIKey(cfg.APIKey); err != nil {
 		return fmt.Errorf("%w (set -api-key or LAB_PROVIDER_API_KEY, and the lab's -provider-api-key to the same)", err)
 	}
@@ -93,7 +96,7 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	case <-ctx.Done():
 	case err = <-served:
 	}
-	stop() // withheld answers are let go, queued webhooks dropped
+	stop() // withheld answers are let go; undelivered webhooks stay in the records
 	wg.Wait()
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()

@@ -120,6 +120,11 @@ type Config struct {
 	// which only works with the lab's own provider; with ProviderURL it is
 	// required and must be the provider's.
 	WebhookSecret string
+	// WebhookWindow is how long the lab's own provider retries a webhook
+	// the lab does not acknowledge (with backoff, across restarts when its
+	// records are in PostgreSQL) before the webhook is dead. Default 10m:
+	// the lab's scale; a real provider retries for days.
+	WebhookWindow time.Duration
 	// ProviderAPIKey is the provider's API key, which the lab sends with
 	// every call (Authorization: Bearer) and without which the provider
 	// answers 401. Default none: the lab's own provider draws one per
@@ -159,6 +164,7 @@ func DefaultConfig() Config {
 		Relay:           relay.Defaults().Settings,
 		ProviderAddr:    "127.0.0.1:0",
 		ProviderTimeout: 2 * time.Second,
+		WebhookWindow:   10 * time.Minute,
 		Clock:           time.Now,
 		Logger:          slog.New(slog.DiscardHandler),
 	}
@@ -202,7 +208,8 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval},
-		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout}} {
+		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout},
+		{"webhook window", c.WebhookWindow}} {
 		if d.v <= 0 {
 			bad("%s must be a positive duration (got %s)", d.name, d.v)
 		}

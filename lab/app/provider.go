@@ -68,6 +68,7 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) 
 	pcfg := provider.DefaultConfig()
 	pcfg.Records, pcfg.APIKey, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, key, a.secret, webhookURL, a.cfg.Clock
 	pcfg.Logger = a.cfg.Logger.With("service", "provider")
+	pcfg.WebhookWindow = a.cfg.WebhookWindow
 	p, err := provider.New(pcfg)
 	if err != nil {
 		return "", fmt.Errorf("error configuring the provider: %w", err)

@@ -241,9 +241,9 @@ func (g *gated) hold(key string) {
 	}
 }
 
-func (g *gated) Capture(ctx context.Context, c provider.Capture) (provider.Capture, bool, error) {
+func (g *gated) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook) (provider.Capture, bool, error) {
 	g.hold(c.Key)
-	return g.Records.Capture(ctx, c)
+	return g.Records.Capture(ctx, c, hooks)
 }
 
 func (g *gated) Receipt(ctx context.Context, r provider.Receipt) (bool, error) {
@@ -354,7 +354,7 @@ func TestQueries(t *testing.T) {
 		}
 		for _, f := range []string{"captures_applied", "capture_requests", "charges_captured_twice", "captured_cents", "receipts",
 			"receipt_deliveries", "direct_captures", "in_flight_overlaps", "errors_injected", "responses_lost",
-			"connections_dropped", "webhooks_sent", "webhooks_failed", "webhooks_rejected", "webhooks_dropped"} {
+			"connections_dropped", "webhooks_sent", "webhooks_failed", "webhooks_rejected", "webhooks_queued", "webhooks_delivered", "webhooks_dead"} {
 			if _, ok := fields[f]; !ok {
 				t.Errorf("stats lack %s: %s", f, r.Body)
 			}

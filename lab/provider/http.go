@@ -347,16 +347,19 @@ func (p *Provider) capture(c echo.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	stored, replayed, err := p.cfg.Records.Capture(rctx, Capture{
+	capture := Capture{
 		ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Tenant: req.Tenant, Run: req.Run,
 		AmountCents: req.AmountCents, Currency: req.Currency, Via: req.Via, Status: status,
 		Fingerprint: req.Fingerprint(), CreatedAt: normalTime(p.cfg.Clock()),
-	})
+	}
+	// The webhooks are written with the capture, or not at all: a
+	// provider that crashes after the capture still owes them.
+	stored, replayed, err := p.cfg.Records.Capture(rctx, capture, p.webhooks(capture, f))
 	if err != nil {
 		return p.fail(c, err)
 	}
 	if !replayed {
-		p.enqueueWebhooks(ctx, stored, f)
+		p.wakeWorkers()
 	}
 	if p.hit(f.AppliedResponseLost) {
 		done()

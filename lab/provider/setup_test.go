@@ -35,8 +35,8 @@ type options struct {
 	rand     func() float64 // default: always 0.5
 	hold     time.Duration  // ResponseLostHold, default 10s
 	attempts int
-	queue    int
-	noRun    bool // the test runs the provider itself
+	window   time.Duration // WebhookWindow, default 10m
+	noRun    bool          // the test runs the provider itself
 }
 
 // hook is one webhook the receiver got.
@@ -48,7 +48,8 @@ type hook struct {
 
 type env struct {
 	p      *provider.Provider
-	base   string // where the routes are mounted
+	cfg    provider.Config // p's, for another provider on the same records and receiver
+	base   string          // where the routes are mounted
 	client *provider.Client
 	hc     *http.Client
 	hooks  chan hook
@@ -66,8 +67,8 @@ func setup(t *testing.T, o options) *env {
 	}
 	cfg := provider.Config{
 		Records: o.records, APIKey: apiKey, Secret: secret, Logger: slog.New(slog.DiscardHandler), Rand: o.rand,
-		WebhookAttempts: o.attempts, WebhookBackoff: time.Millisecond, WebhookWorkers: 1,
-		WebhookQueue: o.queue, ResponseLostHold: o.hold,
+		WebhookAttempts: o.attempts, WebhookWindow: o.window, WebhookBackoff: time.Millisecond, WebhookWorkers: 1,
+		WebhookPoll: 10 * time.Millisecond, ResponseLostHold: o.hold,
 	}
 	hooks := make(chan hook, 100)
 	if o.webhooks {
@@ -81,20 +82,26 @@ func setup(t *testing.T, o options) *env {
 		t.Fatal(err)
 	}
 	e := serve(t, p)
-	e.hooks = hooks
+	e.hooks, e.cfg = hooks, cfg
 	if !o.noRun {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p.Run(ctx)
-		}()
-		t.Cleanup(func() {
-			cancel()
-			<-done
-		})
+		run(t, p)
 	}
 	return e
+}
+
+// run runs p until the test ends.
+func run(t *testing.T, p *provider.Provider) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }
 
 // serve mounts p under /provider on a real HTTP server until the test ends.
