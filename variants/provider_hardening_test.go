@@ -163,3 +163,82 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 		t.Fatalf("provider %+v (%v): want one capture and its 2 webhooks delivered", got, err)
 	}
 }
+
+// TestWebhookMustMatchItsCharge replays finding 2's webhook attacks over
+// HTTP, on a lab whose relay is held so the charges wait uncaptured:
+//   - a correctly signed "succeeded" for 1 cent of a 1,000,000-cent charge
+//     is recorded as a mismatch, counted, shown by reconcile, and leaves the
+//     charge pending;
+//   - a declined capture the relay never made, sent ahead of the relay,
+//     has the lab's own provider call back "failed": the charge is not
+//     failed, and once the relay captures, its "succeeded" pays it.
+func TestWebhookMustMatchItsCharge(t *testing.T) {
+	t.Parallel()
+	const secret = "whsec-test-match"
+	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.WebhookSecret = secret }))
+	ctx := t.Context()
+	a.HoldDelivery(true)
+	payment := func(id string) lab.Payment {
+		t.Helper()
+		ps, err := a.Books().Payments(ctx, "acme", "", 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range ps {
+			if p.ChargeID == id {
+				return p
+			}
+		}
+		t.Fatalf("charge %s not in the ledger", id)
+		return lab.Payment{}
+	}
+	until := func(what string, ok func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("never: %s", what)
+			}
+		}
+	}
+
+	// One cent, signed with the lab's own secret.
+	big := chargeRun(t, a, "run-one-cent", "k-one-cent", 1_000_000)
+	r := postEvent(t, a, []byte(secret), provider.WebhookEvent{ID: "evt_one_cent", Type: lab.WebhookCaptureSucceeded,
+		Data: provider.WebhookData{CaptureID: "cap_one_cent", ChargeID: big.ID, Tenant: "acme", AmountCents: 1, Currency: "USD", Status: "succeeded"}},
+		time.Now())
+	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"outcome":"mismatch"`) {
+		t.Fatalf("a 1-cent webhook for a 1,000,000-cent charge: %d %s, want 200 mismatch", r.Status, r.Body)
+	}
+	if p := payment(big.ID); p.State != lab.PaymentPending || p.Mismatched != 1 {
+		t.Fatalf("after the 1-cent webhook: %+v, want pending with one mismatch", p)
+	}
+	if m := scrape(t, a.URL()); m[`lab_webhooks_total{outcome="mismatch"}`] != 1 || m[`lab_webhooks_total{outcome="applied"}`] != 0 {
+		t.Fatalf("metrics: mismatch %v, applied %v; want 1 and 0", m[`lab_webhooks_total{outcome="mismatch"}`], m[`lab_webhooks_total{outcome="applied"}`])
+	}
+	rec := labtest.Decode[reconciliation](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/reconcile?run=run-one-cent", nil, ""))
+	if len(rec.Findings) != 1 || rec.Findings[0].Problem != "webhook_mismatch" || rec.Disagree != 1 {
+		t.Fatalf("reconciliation %+v: want the charge's webhook_mismatch", rec)
+	}
+
+	// A declined capture ahead of the relay, under another key.
+	ahead := chargeRun(t, a, "run-ahead", "k-ahead", 1_000_000)
+	stray, _, err := a.Provider().Capture(ctx, "not-the-relay", provider.CaptureRequest{ChargeID: ahead.ID, Tenant: "acme", Run: "run-ahead",
+		AmountCents: 1_000_000, Currency: "USD", Via: provider.ViaOutbox}, "decline")
+	if err != nil || stray.Status != provider.StatusFailed {
+		t.Fatalf("the stray capture: %+v, %v", stray, err)
+	}
+	until("the stray capture's failed webhook refused", func() bool {
+		return scrape(t, a.URL())[`lab_webhooks_total{outcome="unknown_capture"}`] >= 1
+	})
+	if p := payment(ahead.ID); p.State != lab.PaymentPending {
+		t.Fatalf("a capture the relay never made moved the charge: %+v", p)
+	}
+	a.HoldDelivery(false)
+	until("the relay's capture pays the charge", func() bool { return payment(ahead.ID).State == lab.PaymentSucceeded })
+	// The stray "failed", retried by the provider, is now a mismatch.
+	until("the stray webhook recorded as a mismatch", func() bool { return payment(ahead.ID).Mismatched == 1 })
+	p := payment(ahead.ID)
+	if p.State != lab.PaymentSucceeded || p.CaptureID == stray.ID || p.CaptureID == "" || !strings.Contains(p.Mismatch, stray.ID) {
+		t.Fatalf("after the relay's capture: %+v; want paid by its own capture, the stray one a mismatch", p)
+	}
+}

@@ -48,7 +48,8 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 		crashes:    counter("charge_crashes_total", "Attempts that died without an answer (injected crashes).", "store"),
 		swept:      counter("keys_swept_total", "Expired idempotency keys the sweeper removed.", "store"),
 		webhooks: counter("webhooks_total",
-			"Provider webhooks received, by outcome: applied, ignored (no transition), duplicate, bad_signature, unknown_charge.", "outcome"),
+			"Provider webhooks received, by outcome: applied, ignored (no transition), duplicate, bad_signature, unknown_charge, "+
+				"mismatch (amount, currency or capture not the charge's: recorded, nothing moved), unknown_capture (no capture of the charge recorded yet: retried).", "outcome"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "lab", Name: "charge_duration_seconds", Help: "Time to answer POST /charges, by store and outcome.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},

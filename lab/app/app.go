@@ -39,6 +39,7 @@ import (
 // the ledger, the outbox and the payment states webhooks move.
 type Books interface {
 	lab.Ledger
+	lab.CaptureRecorder
 	relay.Outbox
 	api.Books
 	experiment.Books

@@ -45,7 +45,7 @@ func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error 
 	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	a.addCloser(hc.CloseIdleConnections)
 	a.providerClient = provider.NewClient(base+"/provider", key, hc)
-	a.effects = delivery.New(a.providerClient)
+	a.effects = delivery.New(a.providerClient, a.books)
 	// The URL only: /ready is public, and neither the key nor a password
 	// in the URL is ever shown.
 	shown := base

@@ -23,6 +23,7 @@ const (
 	StateMismatch   = "state_mismatch"     // the ledger's payment state contradicts the capture
 	AwaitingWebhook = "awaiting_webhook"   // captured, the charge still pending: no verified webhook yet
 	InFlight        = "delivery_in_flight" // the outbox has not delivered it yet
+	WebhookMismatch = "webhook_mismatch"   // a verified webhook did not match it (amount, currency, capture): recorded, moved nothing
 )
 
 // Finding is one charge on which the ledger and the provider disagree.
@@ -83,6 +84,9 @@ func Compare(payments []lab.Payment, captures []provider.Capture, paymentsCut, c
 		switch {
 		case len(caps) > 1:
 			f.Problem, f.Detail = CapturedTwice, fmt.Sprintf("the provider captured this charge %d times", len(caps))
+		case p.Mismatched > 0:
+			f.Problem = WebhookMismatch
+			f.Detail = fmt.Sprintf("%d verified webhook(s) did not match the charge and moved nothing; the latest: %s", p.Mismatched, p.Mismatch)
 		case len(caps) == 0 && !settled:
 			f.Problem, f.Detail = InFlight, "the relay has not delivered its capture yet"
 		case len(caps) == 0:
