@@ -242,3 +242,33 @@ func TestWebhookMustMatchItsCharge(t *testing.T) {
 		t.Fatalf("after the relay's capture: %+v; want paid by its own capture, the stray one a mismatch", p)
 	}
 }
+
+// TestStuckChargeReported: a charge captured and still pending past the
+// stuck bound (its webhooks held back at the provider) is reported stuck
+// by reconcile, a disagreement rather than "still settling", and /metrics
+// shows the oldest stuck charge's age.
+func TestStuckChargeReported(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.StuckAfter = 200 * time.Millisecond }))
+	ctx := t.Context()
+	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{WebhookDelayMS: 60_000}); err != nil {
+		t.Fatal(err)
+	}
+	charge := chargeRun(t, a, "run-stuck", "k-stuck", 2500)
+	var rec reconciliation
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		rec = labtest.Decode[reconciliation](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/reconcile?run=run-stuck", nil, ""))
+		if len(rec.Findings) == 1 && rec.Findings[0].Problem == "stuck" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never reported stuck: %+v", rec)
+		}
+	}
+	if rec.Findings[0].ChargeID != charge.ID || rec.Disagree != 1 || rec.Pending != 0 {
+		t.Fatalf("reconciliation %+v: want the charge stuck, a disagreement", rec)
+	}
+	if age := scrape(t, a.URL())["lab_oldest_stuck_charge_seconds"]; !(age > 0.2) {
+		t.Fatalf("lab_oldest_stuck_charge_seconds = %v, want past the 200ms bound", age)
+	}
+}

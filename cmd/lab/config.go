@@ -50,6 +50,7 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"provider-timeout", "LAB_PROVIDER_TIMEOUT", "bound on one call to the provider; a withheld answer shows as this timeout", (*duration)(&c.ProviderTimeout)},
 		{"webhook-secret", "LAB_WEBHOOK_SECRET", "secret of the provider's webhook signatures; empty draws one (only with the lab's own provider)", (*text)(&c.WebhookSecret)},
 		{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long this process's own provider retries an unacknowledged webhook before it is dead", (*duration)(&c.WebhookWindow)},
+		{"stuck-after", "LAB_STUCK_AFTER", "a captured charge still pending this long after is stuck (reconcile, /metrics)", (*duration)(&c.StuckAfter)},
 		{"provider-api-key", "LAB_PROVIDER_API_KEY", "API key the provider asks of every call (Authorization: Bearer); empty draws one (only with the lab's own provider)", (*text)(&c.ProviderAPIKey)},
 		{"max-replicas", "LAB_MAX_REPLICAS", "in-process replicas a run may use, 1..8", (*integer)(&c.MaxReplicas)},
 		{"peers", "LAB_PEERS", "base URLs of peer lab processes, comma-separated (cluster mode)", (*list)(&c.Peers)},

@@ -29,6 +29,10 @@ type metricsSources struct {
 	}
 	stores map[lab.StoreName]lab.Store
 	relay  func() relay.Counts // nil on a replica that runs no relay
+	stuck  interface {
+		OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error)
+	}
+	stuckAfter time.Duration
 }
 
 func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
@@ -74,6 +78,17 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "outbox_oldest_pending_seconds", Help: "Age of the oldest undelivered outbox event (NaN when the outbox cannot be read)."},
 			stats(func(s lab.OutboxStats) float64 { return s.OldestPendingAge.Seconds() })),
 	)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "oldest_stuck_charge_seconds",
+		Help: "Time since its capture of the oldest charge still pending more than the stuck bound after it: a webhook that never came (NaN when the books cannot be read)."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			age, err := src.stuck.OldestStuck(ctx, src.stuckAfter)
+			if err != nil {
+				return math.NaN()
+			}
+			return age.Seconds()
+		}))
 	for name, st := range src.stores {
 		ager, ok := st.(lab.InFlightAger)
 		if !ok {

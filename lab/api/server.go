@@ -42,6 +42,7 @@ type Config struct {
 	DefaultStore  lab.StoreName // store of POST /charges without ?store=, and of /charge-idempotent
 	Window        time.Duration // dedupe window, reported by the lab routes
 	WebhookSecret []byte        // verifies the provider's webhook signatures
+	StuckAfter    time.Duration // a captured charge still pending this long after is stuck (reconcile, /metrics)
 	Clock         lab.Clock
 	Logger        *slog.Logger
 }
@@ -65,6 +66,9 @@ type Books interface {
 	ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookResult, error)
 	// Payments lists a namespace's charges with their payment state.
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
+	// OldestStuck is the age, since its capture, of the oldest charge
+	// still pending more than after past it (zero when none).
+	OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error)
 	Kind() string
 }
 
@@ -153,7 +157,7 @@ func New(cfg Config, deps Deps) *Server {
 		runs: map[lab.Namespace][]experiment.Report{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts})
+	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts, stuck: deps.Books, stuckAfter: cfg.StuckAfter})
 
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true

@@ -125,6 +125,11 @@ type Config struct {
 	// records are in PostgreSQL) before the webhook is dead. Default 10m:
 	// the lab's scale; a real provider retries for days.
 	WebhookWindow time.Duration
+	// StuckAfter is how long after its capture a charge may stay pending
+	// before /lab/reconcile calls it stuck (not settling: its webhook is
+	// not coming) and /metrics counts it in the oldest stuck charge's age.
+	// Default 2m.
+	StuckAfter time.Duration
 	// ProviderAPIKey is the provider's API key, which the lab sends with
 	// every call (Authorization: Bearer) and without which the provider
 	// answers 401. Default none: the lab's own provider draws one per
@@ -165,6 +170,7 @@ func DefaultConfig() Config {
 		ProviderAddr:    "127.0.0.1:0",
 		ProviderTimeout: 2 * time.Second,
 		WebhookWindow:   10 * time.Minute,
+		StuckAfter:      2 * time.Minute,
 		Clock:           time.Now,
 		Logger:          slog.New(slog.DiscardHandler),
 	}
@@ -209,7 +215,7 @@ func (c Config) Validate() error {
 		v    time.Duration
 	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval},
 		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout},
-		{"webhook window", c.WebhookWindow}} {
+		{"webhook window", c.WebhookWindow}, {"stuck bound", c.StuckAfter}} {
 		if d.v <= 0 {
 			bad("%s must be a positive duration (got %s)", d.name, d.v)
 		}

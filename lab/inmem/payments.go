@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 )
@@ -121,4 +122,23 @@ func (b *Books) Payments(_ context.Context, ns lab.Namespace, run string, limit 
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// OldestStuck is how long the oldest charge still pending more than after
+// past the lab's first recorded capture of it has waited since that
+// capture: its webhook never came. Zero when none.
+func (b *Books) OldestStuck(_ context.Context, after time.Duration) (time.Duration, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.now()
+	var oldest time.Duration
+	for id, cs := range b.captures {
+		if state, held := b.payments[id]; !held || state != lab.PaymentPending {
+			continue // settled, or not in the ledger (a direct send rolled back)
+		}
+		if age := now.Sub(cs[0].recordedAt); age > after {
+			oldest = max(oldest, age)
+		}
+	}
+	return oldest, nil
 }

@@ -140,3 +140,20 @@ func (b *Books) Payments(ctx context.Context, ns lab.Namespace, run string, limi
 	}
 	return ps, nil
 }
+
+// OldestStuck is how long the oldest charge still pending more than after
+// past the lab's first recorded capture of it has waited since that
+// capture: its webhook never came. Zero when none. It reads the captures
+// not yet settled (a partial index), not the ledger.
+func (b *Books) OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error) {
+	var secs float64
+	err := b.pool.QueryRow(ctx, `
+		SELECT coalesce(extract(epoch FROM $1::timestamptz - min(cc.recorded_at)), 0)::float8
+		FROM charge_captures cc JOIN charges c ON c.id = cc.charge_id AND c.tenant_id = cc.tenant_id
+		WHERE NOT cc.settled AND cc.recorded_at < $1::timestamptz - make_interval(secs => $2) AND c.payment_state = 'pending'`,
+		b.now(), after.Seconds()).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("error reading the oldest stuck charge: %w", err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}

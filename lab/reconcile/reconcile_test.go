@@ -57,6 +57,20 @@ func TestCompare(t *testing.T) {
 	if len(got) != len(want) || rep.Agree != 2 || rep.Pending != 2 || rep.Disagree != 7 || rep.ChargesChecked != 10 || rep.CapturesChecked != 9 {
 		t.Fatalf("report %+v", rep)
 	}
+	// Past the bound, the charge awaiting its webhook is stuck: a
+	// disagreement, no longer settling.
+	rep = reconcile.CompareWithin(payments, captures, false, false, reconcile.Bounds{Now: at.Add(3 * time.Minute), StuckAfter: 2 * time.Minute})
+	for _, f := range rep.Findings {
+		if f.ChargeID == "awaiting" && f.Problem != reconcile.Stuck {
+			t.Fatalf("awaiting, 3 minutes after its capture: %s, want stuck", f.Problem)
+		}
+	}
+	if rep.Pending != 1 || rep.Disagree != 8 {
+		t.Fatalf("with a 2-minute bound, 3 minutes on: %+v", rep)
+	}
+	if rep := reconcile.CompareWithin(payments, captures, false, false, reconcile.Bounds{Now: at.Add(time.Minute), StuckAfter: 2 * time.Minute}); rep.Pending != 2 {
+		t.Fatalf("a minute after the captures, within the bound: %+v", rep)
+	}
 	// A capture older than a truncated ledger list is not judged.
 	old := capture("older", "succeeded", 2500)
 	old.CreatedAt = at.Add(-time.Hour)

@@ -196,3 +196,40 @@ func TestWebhooksMatchTheirCharge(t *testing.T) {
 		})
 	}
 }
+
+// TestOldestStuck: a charge captured and still pending past the bound is
+// stuck, its age counted from the capture; paid, it is no longer.
+func TestOldestStuck(t *testing.T) {
+	all, c := setup(t)
+	for name, b := range all {
+		t.Run(name, func(t *testing.T) {
+			p := b.(interface {
+				payments
+				OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error)
+			})
+			ctx := t.Context()
+			stuck := func(want time.Duration) {
+				t.Helper()
+				if got, err := p.OldestStuck(ctx, 2*time.Minute); err != nil || got != want {
+					t.Fatalf("OldestStuck = %s, %v; want %s", got, err, want)
+				}
+			}
+			stuck(0)
+			ev := charge(t, b, c, "stuck-"+name)
+			charge(t, b, c, "never-captured-"+name) // no capture: the outbox's to report, not this gauge's
+			id := recordCapture(t, p, ev.ChargeID)
+			if err := p.RecordCapture(ctx, "ch_rolled_back_"+name, "acme", "cap_x"); err != nil { // a direct send whose charge rolled back
+				t.Fatal(err)
+			}
+			c.Advance(time.Minute)
+			stuck(0) // within the bound
+			c.Advance(2 * time.Minute)
+			stuck(3 * time.Minute)
+			if _, err := p.ApplyWebhook(ctx, lab.Webhook{EventID: "evt-stuck-" + name, Type: lab.WebhookCaptureSucceeded, ChargeID: ev.ChargeID,
+				Tenant: "acme", ReceivedAt: c.Now(), CaptureID: id, AmountCents: 100, Currency: "USD"}); err != nil {
+				t.Fatal(err)
+			}
+			stuck(0)
+		})
+	}
+}
