@@ -50,9 +50,10 @@ type Config struct {
 	// webhook backoff's jitter, from concurrent requests. Default
 	// math/rand/v2's Float64.
 	Rand func() float64
-	// WebhookWindow is how long a webhook is retried: an attempt that
-	// fails after it ends makes the webhook dead. Default 10m, the lab's
-	// scale: a real provider retries for days.
+	// WebhookWindow is how long a webhook is retried from when it is
+	// due: a failed attempt whose next one would fall after it makes the
+	// webhook dead. Default 10m, the lab's scale: a real provider retries
+	// for days.
 	WebhookWindow time.Duration
 	// WebhookAttempts caps the attempts of one webhook within its window.
 	// Default 0: no cap, the window alone ends the retries.

@@ -107,7 +107,7 @@ func (p *Provider) webhooks(c Capture, f Faults) []Webhook {
 func (p *Provider) wakeWorkers() {
 	select {
 	case p.wake <- struct{}{}:
-	default: // every worker is already awake
+	default: // as many wake-ups as workers are pending already
 	}
 }
 
