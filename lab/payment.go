@@ -1,8 +1,10 @@
 package lab
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -23,10 +25,14 @@ const (
 
 // ErrUnknownWebhookType is a webhook whose type the state machine does not
 // know; ErrUnknownCharge one about a charge the ledger does not hold (yet:
-// the provider retries it).
+// the provider retries it); ErrCaptureNotRecorded one that would move a
+// charge of which the lab has recorded no capture (yet: the provider
+// retries it, and it moves the charge only if the relay then records that
+// very capture).
 var (
 	ErrUnknownWebhookType = errors.New("unknown webhook event type")
 	ErrUnknownCharge      = errors.New("the webhook names a charge the ledger does not hold")
+	ErrCaptureNotRecorded = errors.New("the webhook names a capture the lab has not recorded for its charge")
 )
 
 // NextPaymentState is the state machine a webhook drives: pending moves to
@@ -60,6 +66,10 @@ type Webhook struct {
 	ChargeID   string
 	Tenant     string
 	ReceivedAt time.Time
+	// The capture the event is about, as the provider tells it.
+	CaptureID   string
+	AmountCents int64
+	Currency    string
 }
 
 // WebhookResult is what processing a webhook did.
@@ -69,6 +79,52 @@ type WebhookResult struct {
 	// Before and After are the charge's payment state around the event.
 	Before string `json:"state_before,omitempty"`
 	After  string `json:"state_after,omitempty"`
+	// Mismatch says why the event did not match its charge (amount,
+	// currency or capture): it was recorded and moved nothing.
+	Mismatch string `json:"mismatch,omitempty"`
+}
+
+// ChargeTerms are what a webhook must agree with to move a charge: the
+// ledger's amount and currency, and the captures the lab recorded of it.
+type ChargeTerms struct {
+	State       string
+	AmountCents int64
+	Currency    string
+	Captures    []string // capture ids, as the provider answered the lab's own capture calls
+}
+
+// MatchWebhook decides whether w is about the charge as the ledger holds
+// it. It returns "" when w may drive the state machine, or why not: the
+// amount or currency differ, or its capture is not one the lab recorded
+// (the charge has others). When the lab has recorded no capture of the
+// charge yet and w would move it, it returns ErrCaptureNotRecorded: the
+// capture may be the relay's, whose answer is still on its way, or one the
+// relay never made; either way the charge stays as it is.
+func MatchWebhook(w Webhook, c ChargeTerms) (string, error) {
+	if w.AmountCents != c.AmountCents || w.Currency != c.Currency {
+		return fmt.Sprintf("the webhook is for %d %s; the charge is %d %s", w.AmountCents, w.Currency, c.AmountCents, c.Currency), nil
+	}
+	if slices.Contains(c.Captures, w.CaptureID) {
+		return "", nil
+	}
+	if len(c.Captures) > 0 {
+		return fmt.Sprintf("capture %q is not the lab's capture of this charge (%s)", w.CaptureID, c.Captures[len(c.Captures)-1]), nil
+	}
+	next, err := NextPaymentState(c.State, w.Type)
+	if err != nil {
+		return "", err
+	}
+	if next != c.State {
+		return "", fmt.Errorf("capture %q of charge %s: %w", w.CaptureID, w.ChargeID, ErrCaptureNotRecorded)
+	}
+	return "", nil // it would move nothing: a capture.processing
+}
+
+// CaptureRecorder keeps the captures the lab made of its charges, as the
+// provider answered its capture calls: a webhook moves a charge only when
+// it names one of them. Recording one twice changes nothing.
+type CaptureRecorder interface {
+	RecordCapture(ctx context.Context, chargeID, tenant, captureID string) error
 }
 
 // Changed reports whether the event moved the charge.
@@ -79,6 +135,7 @@ const (
 	WebhookApplied   = "applied"   // moved the charge
 	WebhookIgnored   = "ignored"   // a new event that did not move it (late, or already final)
 	WebhookDuplicate = "duplicate" // an event id seen before
+	WebhookMismatch  = "mismatch"  // a new event that does not match its charge: recorded, moved nothing
 )
 
 // Outcome names what the webhook did.
@@ -86,6 +143,8 @@ func (r WebhookResult) Outcome() string {
 	switch {
 	case r.Duplicate:
 		return WebhookDuplicate
+	case r.Mismatch != "":
+		return WebhookMismatch
 	case r.Changed():
 		return WebhookApplied
 	}
@@ -102,6 +161,14 @@ type Payment struct {
 	Currency    string    `json:"currency"`
 	State       string    `json:"payment_state"`
 	Outbox      string    `json:"outbox_state,omitempty"` // its event's state; empty when it has none
-	Webhooks    int       `json:"webhooks_applied"`       // webhook events processed for it
+	Webhooks    int       `json:"webhooks_applied"`       // webhook events processed for it that matched it
 	CreatedAt   time.Time `json:"created_at"`
+	// CaptureID is the capture the lab recorded of it last ("" when none);
+	// CapturedAt when it recorded the first.
+	CaptureID  string    `json:"capture_id,omitempty"`
+	CapturedAt time.Time `json:"capture_recorded_at,omitzero"`
+	// Mismatched counts the verified webhooks that did not match it
+	// (recorded, moved nothing); Mismatch says why the latest did not.
+	Mismatched int    `json:"webhooks_mismatched,omitempty"`
+	Mismatch   string `json:"mismatch,omitempty"`
 }

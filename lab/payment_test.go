@@ -42,3 +42,38 @@ func TestNextPaymentState(t *testing.T) {
 		t.Fatal("an unknown state was accepted")
 	}
 }
+
+// TestMatchWebhook: a webhook drives the state machine only when it is
+// about the lab's own capture of the charge, for its amount and currency.
+func TestMatchWebhook(t *testing.T) {
+	terms := func(state string, captures ...string) lab.ChargeTerms {
+		return lab.ChargeTerms{State: state, AmountCents: 1_000_000, Currency: "USD", Captures: captures}
+	}
+	hook := func(typ, capture string, cents int64, currency string) lab.Webhook {
+		return lab.Webhook{EventID: "evt", Type: typ, ChargeID: "ch", CaptureID: capture, AmountCents: cents, Currency: currency}
+	}
+	for _, c := range []struct {
+		name     string
+		w        lab.Webhook
+		terms    lab.ChargeTerms
+		mismatch bool
+		err      error
+	}{
+		{"TheLabsCapture", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1"), false, nil},
+		{"OneCent", hook(lab.WebhookCaptureSucceeded, "cap_1", 1, "USD"), terms(lab.PaymentPending, "cap_1"), true, nil},
+		{"AnotherCurrency", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "EUR"), terms(lab.PaymentPending, "cap_1"), true, nil},
+		{"AnotherCapture", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1"), true, nil},
+		{"AnotherCaptureOfAPaidCharge", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentSucceeded, "cap_1"), true, nil},
+		{"NoneRecordedWouldMove", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending), false, lab.ErrCaptureNotRecorded},
+		{"NoneRecordedMovesNothing", hook(lab.WebhookCaptureProcessing, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending), false, nil},
+		{"NoneRecordedOneCent", hook(lab.WebhookCaptureSucceeded, "cap_2", 1, "USD"), terms(lab.PaymentPending), true, nil},
+		{"OneOfTwo", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1", "cap_2"), false, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			mismatch, err := lab.MatchWebhook(c.w, c.terms)
+			if (mismatch != "") != c.mismatch || !errors.Is(err, c.err) || (c.err == nil && err != nil) {
+				t.Fatalf("MatchWebhook = %q, %v; want mismatch %v, err %v", mismatch, err, c.mismatch, c.err)
+			}
+		})
+	}
+}

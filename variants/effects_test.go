@@ -2,6 +2,7 @@ package variants_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -272,8 +273,15 @@ func TestDeclinedCaptureFailsTheCharge(t *testing.T) {
 	if err != nil || len(ps) != 1 || ps[0].State != lab.PaymentFailed {
 		t.Fatalf("payments %+v (%v): want one failed", ps, err)
 	}
-	// Correctly signed, a late "succeeded" still changes nothing.
-	r := postWebhook(t, a, []byte(secret), "evt_late_success", lab.WebhookCaptureSucceeded, ps[0].ChargeID, "acme", time.Now())
+	// Correctly signed, about the charge's own capture, a late
+	// "succeeded" still changes nothing.
+	caps, err := a.Provider().Captures(ctx, provider.Filter{ChargeID: ps[0].ChargeID})
+	if err != nil || len(caps) != 1 {
+		t.Fatalf("captures %+v (%v)", caps, err)
+	}
+	r := postEvent(t, a, []byte(secret), provider.WebhookEvent{ID: "evt_late_success", Type: lab.WebhookCaptureSucceeded,
+		Data: provider.WebhookData{ChargeID: ps[0].ChargeID, Tenant: "acme", CaptureID: caps[0].ID, AmountCents: caps[0].AmountCents, Currency: caps[0].Currency}},
+		time.Now())
 	if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"outcome":"ignored"`) {
 		t.Fatalf("late success: %d %s", r.Status, r.Body)
 	}
@@ -282,10 +290,22 @@ func TestDeclinedCaptureFailsTheCharge(t *testing.T) {
 	}
 }
 
-// postWebhook posts one webhook, signed with secret at signedAt.
+// postWebhook posts one webhook about no capture in particular, signed
+// with secret at signedAt.
 func postWebhook(t *testing.T, a *app.App, secret []byte, id, typ, chargeID, tenant string, signedAt time.Time) labtest.Reply {
 	t.Helper()
-	body := fmt.Sprintf(`{"event_id":%q,"type":%q,"created":%d,"data":{"charge_id":%q,"tenant":%q}}`, id, typ, signedAt.Unix(), chargeID, tenant)
+	return postEvent(t, a, secret, provider.WebhookEvent{ID: id, Type: typ, Data: provider.WebhookData{ChargeID: chargeID, Tenant: tenant}}, signedAt)
+}
+
+// postEvent posts ev, signed with secret (nil: unsigned) at signedAt.
+func postEvent(t *testing.T, a *app.App, secret []byte, ev provider.WebhookEvent, signedAt time.Time) labtest.Reply {
+	t.Helper()
+	ev.Created = signedAt.Unix()
+	b, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := string(b)
 	h := http.Header{"Content-Type": {"application/json"}}
 	if secret != nil {
 		h.Set(signature.Header, signature.Sign(secret, signedAt, []byte(body)))
@@ -344,11 +364,29 @@ func TestWebhookRoute(t *testing.T) {
 			if r := labtest.Do(t, http.MethodPost, a.URL()+"/webhooks/provider", h, tampered); r.Status != http.StatusUnauthorized {
 				t.Errorf("tampered: %d %s", r.Status, r.Body)
 			}
-			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); len(ps) != 1 || ps[0].State != lab.PaymentPending || ps[0].Webhooks != 0 {
+			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); len(ps) != 1 || ps[0].State != lab.PaymentPending || ps[0].Webhooks != 0 || ps[0].Mismatched != 0 {
 				t.Fatalf("after refused webhooks: %+v, want the charge pending with none recorded", ps)
 			}
+			// Not the charge's: another amount, or no capture of it recorded.
+			mismatched := provider.WebhookData{ChargeID: chargeID, Tenant: "acme", CaptureID: "cap_route", AmountCents: 1, Currency: "USD"}
+			r = postEvent(t, a, secret, provider.WebhookEvent{ID: "evt_cent", Type: lab.WebhookCaptureSucceeded, Data: mismatched}, now)
+			if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"outcome":"mismatch"`) {
+				t.Fatalf("a 1-cent webhook: %d %s, want 200 mismatch", r.Status, r.Body)
+			}
+			matching := provider.WebhookData{ChargeID: chargeID, Tenant: "acme", CaptureID: "cap_route", AmountCents: 2500, Currency: "USD"}
+			r = postEvent(t, a, secret, provider.WebhookEvent{ID: "evt_ok", Type: lab.WebhookCaptureSucceeded, Data: matching}, now)
+			if r.Status != http.StatusConflict || labtest.Decode[lab.Problem](t, r).Code != "capture_not_recorded" {
+				t.Fatalf("before the capture is recorded: %d %s, want 409 capture_not_recorded", r.Status, r.Body)
+			}
+			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); ps[0].State != lab.PaymentPending || ps[0].Webhooks != 0 || ps[0].Mismatched != 1 {
+				t.Fatalf("after a mismatch and an unrecorded capture: %+v, want pending, one mismatch", ps)
+			}
+			// The relay's capture, as it records the provider's answer.
+			if err := a.Books().RecordCapture(ctx, chargeID, "acme", "cap_route"); err != nil {
+				t.Fatal(err)
+			}
 			for i, want := range []string{"applied", "duplicate"} {
-				r := postWebhook(t, a, secret, "evt_ok", lab.WebhookCaptureSucceeded, chargeID, "acme", now)
+				r := postEvent(t, a, secret, provider.WebhookEvent{ID: "evt_ok", Type: lab.WebhookCaptureSucceeded, Data: matching}, now)
 				if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"outcome":"`+want+`"`) {
 					t.Fatalf("verified webhook, try %d: %d %s, want %s", i+1, r.Status, r.Body, want)
 				}

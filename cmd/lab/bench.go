@@ -171,7 +171,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books(),
 			QueuedWebhooks: func(ctx context.Context) (int64, error) {
 				st, err := a.Provider().Stats(ctx, provider.Filter{})
-				return st.WebhooksQueued, err
+				return int64(st.WebhooksQueued), err
 			},
 			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,

@@ -904,7 +904,9 @@ func checkLayout(t *testing.T, panels []dashboardPanel) {
 }
 
 // TestComposeProvider: one provider serves every replica, with the secret
-// they verify its webhooks with, and calls them back through the front.
+// they verify its webhooks with and the API key they call it with (neither
+// with a default written in the file), and calls them back through the
+// front.
 func TestComposeProvider(t *testing.T) {
 	f := loadCompose(t)
 	p, ok := f.Services["provider"]
@@ -918,8 +920,10 @@ func TestComposeProvider(t *testing.T) {
 	if u, err := url.Parse(penv["LAB_WEBHOOK_URL"]); err != nil || u.Hostname() != "front" || u.Path != "/webhooks/provider" {
 		t.Errorf("provider: LAB_WEBHOOK_URL = %q, want the front's /webhooks/provider", penv["LAB_WEBHOOK_URL"])
 	}
-	if penv["LAB_WEBHOOK_SECRET"] == "" {
-		t.Error("provider: no LAB_WEBHOOK_SECRET")
+	for _, k := range []string{"LAB_WEBHOOK_SECRET", "LAB_PROVIDER_API_KEY"} {
+		if v := penv[k]; !strings.HasPrefix(v, "${"+k+":?") || !strings.HasSuffix(v, "}") {
+			t.Errorf("provider: %s = %q, want ${%s:?…}: required, with no default", k, v, k)
+		}
 	}
 	for _, name := range labReplicas {
 		s := f.Services[name]
@@ -927,8 +931,10 @@ func TestComposeProvider(t *testing.T) {
 		if u, err := url.Parse(env["LAB_PROVIDER_URL"]); err != nil || u.Hostname() != "provider" || u.Port() != "8617" {
 			t.Errorf("%s: LAB_PROVIDER_URL = %q, want the provider service", name, env["LAB_PROVIDER_URL"])
 		}
-		if env["LAB_WEBHOOK_SECRET"] != penv["LAB_WEBHOOK_SECRET"] {
-			t.Errorf("%s: LAB_WEBHOOK_SECRET differs from the provider's", name)
+		for _, k := range []string{"LAB_WEBHOOK_SECRET", "LAB_PROVIDER_API_KEY"} {
+			if env[k] != penv[k] {
+				t.Errorf("%s: %s differs from the provider's", name, k)
+			}
 		}
 		if !s.waitsHealthy("provider") {
 			t.Errorf("%s does not wait for the provider to be healthy", name)

@@ -8,11 +8,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
@@ -27,9 +29,22 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	webhookURL := fs.String("webhook-url", env("LAB_WEBHOOK_URL", ""),
 		"where webhooks go, e.g. http://127.0.0.1:8616/webhooks/provider; empty sends none (env LAB_WEBHOOK_URL)")
 	secret := fs.String("webhook-secret", env("LAB_WEBHOOK_SECRET", ""), "secret the webhooks are signed with; the lab's -webhook-secret (env LAB_WEBHOOK_SECRET)")
+	apiKey := fs.String("api-key", env("LAB_PROVIDER_API_KEY", ""),
+		"API key every call must carry as Authorization: Bearer; the lab's -provider-api-key (env LAB_PROVIDER_API_KEY)")
 	dbURL := fs.String("database-url", env("DATABASE_URL", ""), "PostgreSQL for the provider's records; empty keeps them in memory (env DATABASE_URL)")
 	schema := fs.String("pg-schema", env("LAB_PG_SCHEMA", "idempotency_lab"), "PostgreSQL schema of the records (env LAB_PG_SCHEMA)")
 	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
+	// The lab's own servers' timeouts, and its provider's webhook window,
+	// under the same names.
+	d := app.DefaultConfig()
+	if err := declare(fs, []setting{
+		{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long an unacknowledged webhook is retried before it is dead (env LAB_WEBHOOK_WINDOW)", (*duration)(&d.WebhookWindow)},
+		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request (env LAB_READ_TIMEOUT)", (*duration)(&d.ReadTimeout)},
+		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange (env LAB_WRITE_TIMEOUT)", (*duration)(&d.WriteTimeout)},
+		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this (env LAB_IDLE_TIMEOUT)", (*duration)(&d.IdleTimeout)},
+	}, os.LookupEnv); err != nil {
+		return err
+	}
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -41,7 +56,11 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg := provider.DefaultConfig()
-	cfg.Logger, cfg.WebhookURL, cfg.Secret, cfg.Records = log, *webhookURL, []byte(*secret), provider.NewMemory()
+	cfg.Logger, cfg.APIKey, cfg.WebhookURL, cfg.Secret, cfg.Records = log, *apiKey, *webhookURL, []byte(*secret), provider.NewMemory()
+	cfg.WebhookWindow = d.WebhookWindow
+	if err := provider.CheckAPIKey(cfg.APIKey); err != nil {
+		return fmt.Errorf("%w (set -api-key or LAB_PROVIDER_API_KEY, and the lab's -provider-api-key to the same)", err)
+	}
 	where := "memory"
 	if *dbURL != "" {
 		pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: *dbURL, Schema: *schema, Size: 10, AppName: "idempotency-lab-provider", Migrate: true})
@@ -63,7 +82,10 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	p.Register(e.Group("/provider"))
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{
+		Handler: e, ReadHeaderTimeout: min(d.ReadTimeout, 5*time.Second), ReadTimeout: d.ReadTimeout,
+		WriteTimeout: d.WriteTimeout, IdleTimeout: d.IdleTimeout, MaxHeaderBytes: 16 << 10, // as the lab's servers
+	}
 	work, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(work) })
@@ -74,7 +96,7 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	case <-ctx.Done():
 	case err = <-served:
 	}
-	stop() // withheld answers are let go, queued webhooks dropped
+	stop() // withheld answers are let go; undelivered webhooks stay in the records
 	wg.Wait()
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()

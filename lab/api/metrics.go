@@ -29,6 +29,10 @@ type metricsSources struct {
 	}
 	stores map[lab.StoreName]lab.Store
 	relay  func() relay.Counts // nil on a replica that runs no relay
+	stuck  interface {
+		OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error)
+	}
+	stuckAfter time.Duration
 }
 
 func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
@@ -48,7 +52,8 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 		crashes:    counter("charge_crashes_total", "Attempts that died without an answer (injected crashes).", "store"),
 		swept:      counter("keys_swept_total", "Expired idempotency keys the sweeper removed.", "store"),
 		webhooks: counter("webhooks_total",
-			"Provider webhooks received, by outcome: applied, ignored (no transition), duplicate, bad_signature, unknown_charge.", "outcome"),
+			"Provider webhooks received, by outcome: applied, ignored (no transition), duplicate, bad_signature, unknown_charge, "+
+				"mismatch (amount, currency or capture not the charge's: recorded, nothing moved), unknown_capture (no capture of the charge recorded yet: retried).", "outcome"),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: "lab", Name: "charge_duration_seconds", Help: "Time to answer POST /charges, by store and outcome.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
@@ -73,6 +78,17 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "outbox_oldest_pending_seconds", Help: "Age of the oldest undelivered outbox event (NaN when the outbox cannot be read)."},
 			stats(func(s lab.OutboxStats) float64 { return s.OldestPendingAge.Seconds() })),
 	)
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "lab", Name: "oldest_stuck_charge_seconds",
+		Help: "Time since its capture of the oldest charge still pending more than the stuck bound after it: a webhook that never came (NaN when the books cannot be read)."},
+		func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			age, err := src.stuck.OldestStuck(ctx, src.stuckAfter)
+			if err != nil {
+				return math.NaN()
+			}
+			return age.Seconds()
+		}))
 	for name, st := range src.stores {
 		ager, ok := st.(lab.InFlightAger)
 		if !ok {

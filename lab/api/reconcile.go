@@ -39,7 +39,8 @@ func (s *Server) reconcileCheck(c echo.Context) error {
 	if err != nil {
 		return fmt.Errorf("error reading the provider's captures: %w", err)
 	}
-	rep := reconcile.Compare(payments, captures, len(payments) == reconcileLimit, len(captures) == reconcileLimit)
+	rep := reconcile.CompareWithin(payments, captures, len(payments) == reconcileLimit, len(captures) == reconcileLimit,
+		reconcile.Bounds{Now: s.cfg.Clock(), StuckAfter: s.cfg.StuckAfter})
 	rep.Namespace, rep.Run = string(ns), run
 	return c.JSON(http.StatusOK, rep)
 }

@@ -42,6 +42,7 @@ type Config struct {
 	DefaultStore  lab.StoreName // store of POST /charges without ?store=, and of /charge-idempotent
 	Window        time.Duration // dedupe window, reported by the lab routes
 	WebhookSecret []byte        // verifies the provider's webhook signatures
+	StuckAfter    time.Duration // a captured charge still pending this long after is stuck (reconcile, /metrics)
 	Clock         lab.Clock
 	Logger        *slog.Logger
 }
@@ -69,6 +70,9 @@ type Books interface {
 	// run is (lab.ErrRunNotFound for none).
 	OpenRun(ctx context.Context, ns lab.Namespace, run string) error
 	RunNamespace(ctx context.Context, run string) (lab.Namespace, error)
+	// OldestStuck is the age, since its capture, of the oldest charge
+	// still pending more than after past it (zero when none).
+	OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error)
 	Kind() string
 }
 
@@ -192,7 +196,7 @@ func New(cfg Config, deps Deps) *Server {
 		runs: map[lab.Namespace][]experiment.Report{}, runOwners: map[string]lab.Namespace{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts})
+	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts, stuck: deps.Books, stuckAfter: cfg.StuckAfter})
 
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true

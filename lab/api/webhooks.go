@@ -23,8 +23,11 @@ type providerEvent struct {
 	EventID string `json:"event_id"`
 	Type    string `json:"type"`
 	Data    struct {
-		ChargeID string `json:"charge_id"`
-		Tenant   string `json:"tenant"`
+		ChargeID    string `json:"charge_id"`
+		Tenant      string `json:"tenant"`
+		CaptureID   string `json:"capture_id"`
+		AmountCents int64  `json:"amount_cents"`
+		Currency    string `json:"currency"`
 	} `json:"data"`
 }
 
@@ -33,11 +36,16 @@ var (
 		"the Provider-Signature header is missing, malformed, too old or does not match the body; nothing was changed")
 	errUnknownCharge = problem(http.StatusNotFound, "charge_not_found", "Charge not found",
 		"the webhook names a charge this ledger does not hold; nothing was recorded, so a later retry is processed")
+	errCaptureNotRecorded = problem(http.StatusConflict, "capture_not_recorded", "Capture not recorded",
+		"the webhook would move a charge of which the lab has recorded no capture; nothing was recorded: a retry moves it "+
+			"only once the lab's own capture call recorded this very capture")
 )
 
-// providerWebhook is POST /webhooks/provider: a verified event moves its
-// charge through the payment state machine, once per event id, in one
-// transaction. The charge is paid only through this route.
+// providerWebhook is POST /webhooks/provider: a verified event that
+// matches its charge (amount, currency, and a capture the lab recorded)
+// moves it through the payment state machine, once per event id, in one
+// transaction; one that does not is recorded as a mismatch and moves
+// nothing. The charge is paid only through this route.
 func (s *Server) providerWebhook(c echo.Context) error {
 	body, err := io.ReadAll(c.Request().Body)
 	if err != nil {
@@ -55,17 +63,25 @@ func (s *Server) providerWebhook(c echo.Context) error {
 	}
 	res, err := s.deps.Books.ApplyWebhook(c.Request().Context(), lab.Webhook{
 		EventID: ev.EventID, Type: ev.Type, ChargeID: ev.Data.ChargeID, Tenant: ev.Data.Tenant, ReceivedAt: s.cfg.Clock().UTC(),
+		CaptureID: ev.Data.CaptureID, AmountCents: ev.Data.AmountCents, Currency: ev.Data.Currency,
 	})
 	switch {
 	case errors.Is(err, lab.ErrUnknownCharge):
 		s.metrics.webhook("unknown_charge")
 		return errUnknownCharge
+	case errors.Is(err, lab.ErrCaptureNotRecorded):
+		s.metrics.webhook("unknown_capture")
+		return errCaptureNotRecorded
 	case errors.Is(err, lab.ErrUnknownWebhookType):
 		return problem(http.StatusBadRequest, "invalid_webhook", "Invalid webhook", err.Error())
 	case err != nil:
 		return err
 	}
 	s.metrics.webhook(res.Outcome())
+	if res.Mismatch != "" {
+		s.log.WarnContext(c.Request().Context(), "webhook does not match its charge: recorded, nothing moved",
+			"event_id", ev.EventID, "charge_id", ev.Data.ChargeID, "capture_id", ev.Data.CaptureID, "mismatch", res.Mismatch)
+	}
 	return c.JSON(http.StatusOK, struct {
 		EventID string `json:"event_id"`
 		Outcome string `json:"outcome"`

@@ -40,6 +40,7 @@ import (
 // the ledger, the outbox and the payment states webhooks move.
 type Books interface {
 	lab.Ledger
+	lab.CaptureRecorder
 	relay.Outbox
 	api.Books
 	experiment.Books
@@ -303,7 +304,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		relayCounts = a.relay.Counts
 	}
 	srv := api.New(api.Config{
-		WebhookSecret: a.secret, Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
+		WebhookSecret: a.secret, StuckAfter: a.cfg.StuckAfter, Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
 		Checks: a.checks, Runner: a.runner, Cluster: a, RelayCounts: relayCounts, Provider: a.providerClient})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -120,6 +121,22 @@ type Config struct {
 	// which only works with the lab's own provider; with ProviderURL it is
 	// required and must be the provider's.
 	WebhookSecret string
+	// WebhookWindow is how long the lab's own provider retries a webhook
+	// the lab does not acknowledge (with backoff, across restarts when its
+	// records are in PostgreSQL) before the webhook is dead. Default 10m:
+	// the lab's scale; a real provider retries for days.
+	WebhookWindow time.Duration
+	// StuckAfter is how long after its capture a charge may stay pending
+	// before /lab/reconcile calls it stuck (not settling: its webhook is
+	// not coming) and /metrics counts it in the oldest stuck charge's age.
+	// Default 2m.
+	StuckAfter time.Duration
+	// ProviderAPIKey is the provider's API key, which the lab sends with
+	// every call (Authorization: Bearer) and without which the provider
+	// answers 401. Default none: the lab's own provider draws one per
+	// process, known to nobody else; with ProviderURL it is required and
+	// must be the provider's.
+	ProviderAPIKey string
 	// Clock tells the time to every service. Default time.Now.
 	Clock lab.Clock
 	// Logger receives the lab's logs. Default: discarded.
@@ -159,6 +176,8 @@ func DefaultConfig() Config {
 		Relay:           relay.Defaults().Settings,
 		ProviderAddr:    "127.0.0.1:0",
 		ProviderTimeout: 2 * time.Second,
+		WebhookWindow:   10 * time.Minute,
+		StuckAfter:      2 * time.Minute,
 		Clock:           time.Now,
 		Logger:          slog.New(slog.DiscardHandler),
 	}
@@ -202,7 +221,8 @@ func (c Config) Validate() error {
 		name string
 		v    time.Duration
 	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval},
-		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout}} {
+		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout},
+		{"webhook window", c.WebhookWindow}, {"stuck bound", c.StuckAfter}} {
 		if d.v <= 0 {
 			bad("%s must be a positive duration (got %s)", d.name, d.v)
 		}
@@ -241,8 +261,16 @@ func (c Config) Validate() error {
 		if c.WebhookSecret == "" {
 			bad("an external provider (provider URL) signs its webhooks with a shared secret: set the webhook secret to the provider's")
 		}
+		if c.ProviderAPIKey == "" {
+			bad("an external provider (provider URL) authenticates its callers: set the provider API key to the provider's")
+		}
 	} else if c.ProviderAddr == "" {
 		bad("provider addr is required when no provider URL is given (e.g. 127.0.0.1:0)")
+	}
+	if c.ProviderAPIKey != "" {
+		if err := provider.CheckAPIKey(c.ProviderAPIKey); err != nil {
+			bad("provider API key: %v", err)
+		}
 	}
 	if (c.RedisPairPrimary == "") != (c.RedisPairReplica == "") {
 		bad("the Redis pair needs both its primary and its replica URL (or neither)")

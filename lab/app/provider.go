@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -23,38 +24,51 @@ import (
 // The provider's background work runs on bgCtx.
 func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error {
 	a.secret = []byte(a.cfg.WebhookSecret)
+	key := a.cfg.ProviderAPIKey
 	base := a.cfg.ProviderURL
 	if base == "" {
 		if len(a.secret) == 0 {
 			a.secret = make([]byte, 32)
 			_, _ = rand.Read(a.secret) // never fails (crypto/rand)
 		}
-		url, err := a.startProvider(ctx, bgCtx, webhookURL)
+		if key == "" {
+			key = rand.Text() // only this process holds it: nobody else calls its provider
+		}
+		own, err := a.startProvider(ctx, bgCtx, webhookURL, key)
 		if err != nil {
 			return err
 		}
-		base = url
+		base = own
 	}
 	// The relay's calls time out on their own: a withheld answer must not
 	// hold a worker longer than this.
 	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	a.addCloser(hc.CloseIdleConnections)
-	a.providerClient = provider.NewClient(base+"/provider", hc)
-	a.effects = delivery.New(a.providerClient)
-	a.checks = append(a.checks, api.Check{Name: "provider", Describe: "payment provider at " + base,
+	a.providerClient = provider.NewClient(base+"/provider", key, hc)
+	a.effects = delivery.New(a.providerClient, a.books)
+	// The URL only: /ready is public, and neither the key nor a password
+	// in the URL is ever shown.
+	shown := base
+	if u, err := url.Parse(base); err == nil {
+		u.User = nil
+		shown = u.String()
+	}
+	a.checks = append(a.checks, api.Check{Name: "provider", Describe: "payment provider at " + shown,
 		Ping: a.providerClient.Health})
 	return nil
 }
 
-// startProvider serves the lab's own provider and returns its base URL.
-func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL string) (string, error) {
+// startProvider serves the lab's own provider, which asks for key, and
+// returns its base URL.
+func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) (string, error) {
 	var records provider.Records = provider.NewMemory()
 	if a.pool != nil {
 		records = pgdb.NewProviderRecords(a.pool) // every replica of a cluster sees one provider
 	}
 	pcfg := provider.DefaultConfig()
-	pcfg.Records, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, a.secret, webhookURL, a.cfg.Clock
+	pcfg.Records, pcfg.APIKey, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, key, a.secret, webhookURL, a.cfg.Clock
 	pcfg.Logger = a.cfg.Logger.With("service", "provider")
+	pcfg.WebhookWindow = a.cfg.WebhookWindow
 	p, err := provider.New(pcfg)
 	if err != nil {
 		return "", fmt.Errorf("error configuring the provider: %w", err)
@@ -67,7 +81,10 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL string) (stri
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	p.Register(e.Group("/provider"))
-	srv := &http.Server{Handler: e, ReadHeaderTimeout: 5 * time.Second, MaxHeaderBytes: maxHeaderBytes}
+	srv := &http.Server{
+		Handler: e, ReadHeaderTimeout: min(a.cfg.ReadTimeout, 5*time.Second), ReadTimeout: a.cfg.ReadTimeout,
+		WriteTimeout: a.cfg.WriteTimeout, IdleTimeout: a.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
+	}
 	served := make(chan struct{})
 	go func() {
 		defer close(served)

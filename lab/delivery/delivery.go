@@ -16,11 +16,15 @@ import (
 
 // Provider delivers effects through a provider client.
 type Provider struct {
-	client *provider.Client
+	client   *provider.Client
+	captures lab.CaptureRecorder
 }
 
-// New returns a delivery through client.
-func New(client *provider.Client) *Provider { return &Provider{client: client} }
+// New returns a delivery through client that records each capture the
+// provider answers in captures: the webhooks about it are matched with it.
+func New(client *provider.Client, captures lab.CaptureRecorder) *Provider {
+	return &Provider{client: client, captures: captures}
+}
 
 // Deliver captures the event's charge and sends its receipt; it reports
 // whether the provider had the receipt already. Any failure leaves the
@@ -42,12 +46,19 @@ func (p *Provider) SendDirect(ctx context.Context, e lab.Event) error {
 	return err
 }
 
+// send captures, records the capture the provider answered (a failure
+// leaves the event to be delivered again, which replays the capture), then
+// sends the receipt.
 func (p *Provider) send(ctx context.Context, e lab.Event, key, via string) (bool, error) {
 	d := e.Effects()
-	if _, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
+	c, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
 		ChargeID: e.ChargeID, Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
-	}, ""); err != nil {
+	}, "")
+	if err != nil {
 		return false, fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
+	}
+	if err := p.captures.RecordCapture(ctx, e.ChargeID, e.Tenant, c.ID); err != nil {
+		return false, fmt.Errorf("error recording the capture of charge %s: %w", e.ChargeID, err)
 	}
 	dup, err := p.client.Receipt(ctx, provider.ReceiptRequest{EventID: e.ID, ChargeID: e.ChargeID, Tenant: e.Tenant, Run: e.Run, Via: via}, "")
 	if err != nil {

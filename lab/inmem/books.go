@@ -29,12 +29,22 @@ type Books struct {
 	payments map[string]string        // charge id -> payment state
 	webhooks map[string]webhookEvent  // processed provider event ids
 	runs     map[string]lab.Namespace // the runs opened, by id
+	captures map[string][]capture     // charge id -> the captures the lab recorded of it, oldest first
 }
 
-// webhookEvent is one processed provider event.
+// webhookEvent is one processed provider event; mismatch says why it did
+// not match its charge ("" when it did).
 type webhookEvent struct {
-	chargeID string
-	tenant   string
+	chargeID   string
+	tenant     string
+	mismatch   string
+	receivedAt time.Time
+}
+
+// capture is one capture the lab recorded of a charge.
+type capture struct {
+	id, tenant string
+	recordedAt time.Time
 }
 
 // NewBooks returns empty in-memory books telling time by now.
@@ -54,6 +64,7 @@ func (b *Books) clear() {
 	b.payments = map[string]string{}
 	b.webhooks = map[string]webhookEvent{}
 	b.runs = map[string]lab.Namespace{}
+	b.captures = map[string][]capture{}
 }
 
 // Kind names the backend.
@@ -90,6 +101,11 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 	for id, w := range b.webhooks {
 		if ns.Owns(w.tenant) {
 			delete(b.webhooks, id)
+		}
+	}
+	for id, cs := range b.captures {
+		if ns.Owns(cs[0].tenant) {
+			delete(b.captures, id)
 		}
 	}
 	return nil

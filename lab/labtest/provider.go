@@ -10,6 +10,9 @@ import (
 	"github.com/idempotency-lab/lab/lab/provider"
 )
 
+// ProviderKey is the API key of the providers StartProvider serves.
+const ProviderKey = "labtest-provider-key"
+
 // ProviderServer is a payment provider served over real HTTP for a test.
 type ProviderServer struct {
 	Client   *provider.Client
@@ -23,7 +26,7 @@ func StartProvider(tb testing.TB) ProviderServer {
 	tb.Helper()
 	records := provider.NewMemory()
 	cfg := provider.DefaultConfig()
-	cfg.Records, cfg.Logger = records, slog.New(slog.DiscardHandler)
+	cfg.Records, cfg.APIKey, cfg.Logger = records, ProviderKey, slog.New(slog.DiscardHandler)
 	p, err := provider.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -32,7 +35,7 @@ func StartProvider(tb testing.TB) ProviderServer {
 	p.Register(e.Group("/provider"))
 	srv := httptest.NewServer(e)
 	tb.Cleanup(srv.Close)
-	return ProviderServer{Client: provider.NewClient(srv.URL+"/provider", srv.Client()), Records: records, Provider: p}
+	return ProviderServer{Client: provider.NewClient(srv.URL+"/provider", ProviderKey, srv.Client()), Records: records, Provider: p}
 }
 
 // Provider serves a payment provider for the test and returns a client of it.

@@ -381,7 +381,7 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 // them, for the admin), and nothing else.
 func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	if ns == "" {
-		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, cached_requests, idempotency_requests, account_balances, lab_runs`); err != nil {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, webhook_events, fenced_writes, lease_requests, cached_requests, idempotency_requests, account_balances, lab_runs, charge_captures`); err != nil {
 			return fmt.Errorf("error truncating the lab's tables: %w", err)
 		}
 		return nil
@@ -389,6 +389,7 @@ func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
 		for _, q := range []string{
 			`DELETE FROM webhook_events WHERE namespace = $1`,
+			`DELETE FROM charge_captures WHERE namespace = $1`,
 			`DELETE FROM fenced_writes WHERE namespace = $1`,
 			`DELETE FROM outbox WHERE namespace = $1`,
 			`DELETE FROM charges WHERE namespace = $1`,

@@ -4,40 +4,80 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idempotency-lab/lab/lab"
 )
 
+// RecordCapture keeps a capture the lab made of a charge, as the provider
+// answered it; recording it again changes nothing. The charge need not be
+// in the ledger yet: a direct send captures before its charge is written.
+func (b *Books) RecordCapture(ctx context.Context, chargeID, tenant, captureID string) error {
+	if _, err := b.pool.Exec(ctx, `
+		INSERT INTO charge_captures (charge_id, capture_id, tenant_id, recorded_at) VALUES ($1, $2, $3, $4)
+		ON CONFLICT (charge_id, capture_id) DO NOTHING`, chargeID, captureID, tenant, b.now()); err != nil {
+		return fmt.Errorf("error recording capture %s of charge %s: %w", captureID, chargeID, err)
+	}
+	return nil
+}
+
 // ApplyWebhook processes one verified provider event in one transaction:
-// the event id is recorded (its primary key turns a redelivery into a
-// duplicate that changes nothing), the charge row is locked, and the state
-// machine moves it. An event about a charge the ledger does not hold
-// records nothing and returns lab.ErrUnknownCharge, so the provider's retry
-// is processed once the charge exists.
+// the charge row is locked, the event is matched with it (lab.MatchWebhook:
+// the ledger's amount and currency, the captures the lab recorded), the
+// event id is recorded (its primary key turns a redelivery into a
+// duplicate that changes nothing), and the state machine moves the charge
+// when the event matched. A mismatch is recorded and moves nothing. An
+// event about a charge the ledger does not hold, or that would move a
+// charge of which no capture is recorded, records nothing and returns
+// lab.ErrUnknownCharge or lab.ErrCaptureNotRecorded, so the provider's
+// retry is processed later.
 func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookResult, error) {
 	var res lab.WebhookResult
 	err := pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		res = lab.WebhookResult{}
-		var current string
-		err := tx.QueryRow(ctx, `SELECT payment_state FROM charges WHERE id = $1 AND tenant_id = $2 FOR UPDATE`, w.ChargeID, w.Tenant).Scan(&current)
+		var terms lab.ChargeTerms
+		err := tx.QueryRow(ctx, `
+			SELECT payment_state, amount_cents, currency,
+			       ARRAY(SELECT capture_id FROM charge_captures cc WHERE cc.charge_id = c.id AND cc.tenant_id = c.tenant_id ORDER BY recorded_at, capture_id)
+			FROM charges c WHERE id = $1 AND tenant_id = $2 FOR UPDATE OF c`, w.ChargeID, w.Tenant).
+			Scan(&terms.State, &terms.AmountCents, &terms.Currency, &terms.Captures)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("charge %s: %w", w.ChargeID, lab.ErrUnknownCharge)
 		}
 		if err != nil {
 			return fmt.Errorf("error locking charge %s: %w", w.ChargeID, err)
 		}
+		current := terms.State
 		next, err := lab.NextPaymentState(current, w.Type)
 		if err != nil {
 			return err
 		}
+		mismatch, err := lab.MatchWebhook(w, terms)
+		if errors.Is(err, lab.ErrCaptureNotRecorded) {
+			var seen bool
+			if qerr := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM webhook_events WHERE event_id = $1)`, w.EventID).Scan(&seen); qerr != nil {
+				return fmt.Errorf("error looking up webhook %s: %w", w.EventID, qerr)
+			}
+			if seen {
+				res = lab.WebhookResult{Duplicate: true, Before: current, After: current}
+				return nil
+			}
+		}
+		if err != nil {
+			return err
+		}
+		if mismatch != "" {
+			next = current
+		}
 		// A twin of this event waits here on the primary key until the
 		// first commits, then inserts nothing.
 		tag, err := tx.Exec(ctx, `
-			INSERT INTO webhook_events (event_id, event_type, charge_id, tenant_id, state_before, state_after, received_at)
-			VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (event_id) DO NOTHING`,
-			w.EventID, w.Type, w.ChargeID, w.Tenant, current, next, w.ReceivedAt)
+			INSERT INTO webhook_events (event_id, event_type, charge_id, tenant_id, state_before, state_after, received_at,
+				capture_id, amount_cents, currency, mismatch)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, nullif($11, '')) ON CONFLICT (event_id) DO NOTHING`,
+			w.EventID, w.Type, w.ChargeID, w.Tenant, current, next, w.ReceivedAt, w.CaptureID, w.AmountCents, w.Currency, mismatch)
 		if err != nil {
 			return fmt.Errorf("error recording webhook %s: %w", w.EventID, err)
 		}
@@ -45,12 +85,16 @@ func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookRes
 			res = lab.WebhookResult{Duplicate: true, Before: current, After: current}
 			return nil
 		}
-		res = lab.WebhookResult{Before: current, After: next}
+		res = lab.WebhookResult{Before: current, After: next, Mismatch: mismatch}
 		if next == current {
 			return nil
 		}
 		if _, err := tx.Exec(ctx, `UPDATE charges SET payment_state = $2 WHERE id = $1`, w.ChargeID, next); err != nil {
 			return fmt.Errorf("error moving charge %s to %s: %w", w.ChargeID, next, err)
+		}
+		// Settled: the charge leaves the index the stuck gauge reads.
+		if _, err := tx.Exec(ctx, `UPDATE charge_captures SET settled = true WHERE charge_id = $1 AND NOT settled`, w.ChargeID); err != nil {
+			return fmt.Errorf("error settling the captures of charge %s: %w", w.ChargeID, err)
 		}
 		return nil
 	})
@@ -58,14 +102,22 @@ func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookRes
 }
 
 // Payments lists a namespace's charges, newest first, with their payment
-// state, their event's state and how many webhooks were processed for
-// them ("" for every namespace; run filters when set).
+// state, their event's state, their recorded captures and how many
+// webhooks were processed for them ("" for every namespace; run filters
+// when set).
 func (b *Books) Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error) {
 	rows, err := b.pool.Query(ctx, `
 		SELECT c.id, c.tenant_id, c.run_id, c.amount_cents, c.currency, c.payment_state,
 		       coalesce((SELECT o.state FROM outbox o WHERE o.charge_id = c.id ORDER BY o.created_at LIMIT 1), ''),
-		       (SELECT count(*) FROM webhook_events w WHERE w.charge_id = c.id)::int, c.created_at
+		       (SELECT count(*) FROM webhook_events w WHERE w.charge_id = c.id AND w.mismatch IS NULL)::int, c.created_at,
+		       coalesce(cap.capture_id, ''), coalesce(cap.first_at, 'epoch'::timestamptz),
+		       (SELECT count(*) FROM webhook_events w WHERE w.charge_id = c.id AND w.mismatch IS NOT NULL)::int,
+		       coalesce((SELECT w.mismatch FROM webhook_events w WHERE w.charge_id = c.id AND w.mismatch IS NOT NULL
+		                 ORDER BY w.received_at DESC LIMIT 1), '')
 		FROM charges c
+		LEFT JOIN LATERAL (
+			SELECT (array_agg(cc.capture_id ORDER BY cc.recorded_at DESC, cc.capture_id))[1] AS capture_id, min(cc.recorded_at) AS first_at
+			FROM charge_captures cc WHERE cc.charge_id = c.id AND cc.tenant_id = c.tenant_id) cap ON true
 		WHERE ($1 = '' OR c.namespace = $1) AND ($2 = '' OR c.run_id = $2)
 		ORDER BY c.created_at DESC, c.id LIMIT $3`, string(ns), run, limit)
 	if err != nil {
@@ -73,12 +125,35 @@ func (b *Books) Payments(ctx context.Context, ns lab.Namespace, run string, limi
 	}
 	ps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (lab.Payment, error) {
 		var p lab.Payment
-		err := row.Scan(&p.ChargeID, &p.Tenant, &p.Run, &p.AmountCents, &p.Currency, &p.State, &p.Outbox, &p.Webhooks, &p.CreatedAt)
+		err := row.Scan(&p.ChargeID, &p.Tenant, &p.Run, &p.AmountCents, &p.Currency, &p.State, &p.Outbox, &p.Webhooks, &p.CreatedAt,
+			&p.CaptureID, &p.CapturedAt, &p.Mismatched, &p.Mismatch)
 		p.CreatedAt = p.CreatedAt.UTC()
+		if p.CapturedAt.Unix() == 0 {
+			p.CapturedAt = time.Time{}
+		} else {
+			p.CapturedAt = p.CapturedAt.UTC()
+		}
 		return p, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("error reading payments: %w", err)
 	}
 	return ps, nil
+}
+
+// OldestStuck is how long the oldest charge still pending more than after
+// past the lab's first recorded capture of it has waited since that
+// capture: its webhook never came. Zero when none. It reads the captures
+// not yet settled (a partial index), not the ledger.
+func (b *Books) OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error) {
+	var secs float64
+	err := b.pool.QueryRow(ctx, `
+		SELECT coalesce(extract(epoch FROM $1::timestamptz - min(cc.recorded_at)), 0)::float8
+		FROM charge_captures cc JOIN charges c ON c.id = cc.charge_id AND c.tenant_id = cc.tenant_id
+		WHERE NOT cc.settled AND cc.recorded_at < $1::timestamptz - make_interval(secs => $2) AND c.payment_state = 'pending'`,
+		b.now(), after.Seconds()).Scan(&secs)
+	if err != nil {
+		return 0, fmt.Errorf("error reading the oldest stuck charge: %w", err)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
 }

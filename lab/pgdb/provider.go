@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -37,20 +38,44 @@ func scanCapture(row pgx.CollectableRow) (provider.Capture, error) {
 // round, so both stores agree on the time.
 func micro(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 
-// Capture applies c once per (tenant, key) in one statement. The primary
-// key decides between concurrent twins: one inserts, the others wait for
-// its commit and take the update branch. The update counts a replay only
-// when the fingerprints agree; otherwise no row comes back, which is how a
-// reused key shows.
-func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture) (provider.Capture, bool, error) {
+// Capture applies c once per (tenant, key), and writes hooks with it, in
+// one statement. The primary key decides between concurrent twins: one
+// inserts, the others wait for its commit and take the update branch. The
+// update counts a replay only when the fingerprints agree; otherwise no
+// row comes back, which is how a reused key shows. The webhooks are
+// inserted only when the capture row that comes back is c itself: when it
+// applied.
+func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook) (provider.Capture, bool, error) {
+	var (
+		seqs                        []int32
+		ids, types, bodies          []string
+		forged                      []bool
+		nextAt, giveUpAt, createdAt []time.Time
+	)
+	for _, h := range hooks {
+		seqs, ids, types, bodies = append(seqs, int32(h.Seq)), append(ids, h.EventID), append(types, h.Type), append(bodies, string(h.Body))
+		forged = append(forged, h.Forged)
+		nextAt, giveUpAt, createdAt = append(nextAt, micro(h.NextAttempt)), append(giveUpAt, micro(h.GiveUpAt)), append(createdAt, micro(h.CreatedAt))
+	}
 	rows, err := r.pool.Query(ctx, `
-		INSERT INTO provider_captures AS pc (capture_id, idempotency_key, charge_id, tenant_id, run_id, amount_cents,
-			currency, via, status, fingerprint, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
-		ON CONFLICT (tenant_id, idempotency_key) DO UPDATE SET requests = pc.requests + 1
-		WHERE pc.fingerprint = EXCLUDED.fingerprint
-		RETURNING `+captureColumns,
-		c.ID, c.Key, c.ChargeID, c.Tenant, c.Run, c.AmountCents, c.Currency, c.Via, c.Status, c.Fingerprint, micro(c.CreatedAt))
+		WITH c AS (
+			INSERT INTO provider_captures AS pc (capture_id, idempotency_key, charge_id, tenant_id, run_id, amount_cents,
+				currency, via, status, fingerprint, created_at)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+			ON CONFLICT (tenant_id, idempotency_key) DO UPDATE SET requests = pc.requests + 1
+			WHERE pc.fingerprint = EXCLUDED.fingerprint
+			RETURNING `+captureColumns+`
+		), w AS (
+			INSERT INTO provider_webhooks (capture_id, seq, event_id, event_type, charge_id, tenant_id, run_id, body, forged,
+				next_attempt_at, give_up_at, created_at)
+			SELECT $1, h.seq, h.event_id, h.event_type, $3, $4, $5, h.body, h.forged, h.next_at, h.give_up_at, h.created_at
+			FROM unnest($12::int[], $13::text[], $14::text[], $15::text[], $16::bool[], $17::timestamptz[], $18::timestamptz[], $19::timestamptz[])
+				AS h(seq, event_id, event_type, body, forged, next_at, give_up_at, created_at)
+			WHERE EXISTS (SELECT 1 FROM c WHERE c.capture_id = $1)
+		)
+		SELECT `+captureColumns+` FROM c`,
+		c.ID, c.Key, c.ChargeID, c.Tenant, c.Run, c.AmountCents, c.Currency, c.Via, c.Status, c.Fingerprint, micro(c.CreatedAt),
+		seqs, ids, types, bodies, forged, nextAt, giveUpAt, createdAt)
 	if err != nil {
 		return provider.Capture{}, false, fmt.Errorf("error recording capture %s: %w", c.ID, err)
 	}
@@ -62,6 +87,82 @@ func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture) (prov
 		return provider.Capture{}, false, fmt.Errorf("error recording capture %s: %w", c.ID, err)
 	}
 	return stored, stored.ID != c.ID, nil
+}
+
+// webhookColumns follow a webhook's key (capture_id, seq) in what
+// scanWebhook reads.
+const webhookColumns = `event_id, event_type, charge_id, tenant_id, run_id, body, forged, state, attempts,
+	next_attempt_at, give_up_at, created_at, coalesce(claim_token::text, ''), last_status, last_error`
+
+func scanWebhook(row pgx.CollectableRow) (provider.Webhook, error) {
+	var w provider.Webhook
+	var body string
+	err := row.Scan(&w.CaptureID, &w.Seq, &w.EventID, &w.Type, &w.ChargeID, &w.Tenant, &w.Run, &body, &w.Forged, &w.State, &w.Attempts,
+		&w.NextAttempt, &w.GiveUpAt, &w.CreatedAt, &w.ClaimToken, &w.LastStatus, &w.LastError)
+	w.Body = []byte(body)
+	w.NextAttempt, w.GiveUpAt, w.CreatedAt = w.NextAttempt.UTC(), w.GiveUpAt.UTC(), w.CreatedAt.UTC()
+	return w, err
+}
+
+// ClaimWebhooks leases due webhooks in one statement: the first pending
+// one of each capture whose time has come, each stamped with the claim's
+// random token, a lease and one more attempt. SKIP LOCKED lets several
+// workers and processes share them without waiting on each other.
+func (r *ProviderRecords) ClaimWebhooks(ctx context.Context, now time.Time, limit int, lease time.Duration) ([]provider.Webhook, error) {
+	rows, err := r.pool.Query(ctx, `
+		UPDATE provider_webhooks w SET attempts = w.attempts + 1, claim_token = $4::uuid,
+		       lease_expires_at = $1::timestamptz + make_interval(secs => $3),
+		       next_attempt_at = $1::timestamptz + make_interval(secs => $3)
+		FROM (
+			SELECT capture_id, seq FROM provider_webhooks p
+			WHERE p.state = 'pending' AND p.next_attempt_at <= $1
+			  AND NOT EXISTS (SELECT 1 FROM provider_webhooks e
+			                  WHERE e.capture_id = p.capture_id AND e.seq < p.seq AND e.state = 'pending')
+			ORDER BY p.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED) due
+		WHERE w.capture_id = due.capture_id AND w.seq = due.seq
+		RETURNING w.capture_id, w.seq, `+webhookColumns, micro(now), limit, lease.Seconds(), uuid.NewString())
+	if err != nil {
+		return nil, fmt.Errorf("error claiming webhooks: %w", err)
+	}
+	hooks, err := pgx.CollectRows(rows, scanWebhook)
+	if err != nil {
+		return nil, fmt.Errorf("error reading claimed webhooks: %w", err)
+	}
+	return hooks, nil
+}
+
+// WebhookDelivered records w delivered, if its claim still holds it.
+func (r *ProviderRecords) WebhookDelivered(ctx context.Context, w provider.Webhook, at time.Time, status int) error {
+	tag, err := r.pool.Exec(ctx, `
+		UPDATE provider_webhooks SET state = 'delivered', done_at = $4, last_status = $5, last_error = '',
+		       claim_token = NULL, lease_expires_at = NULL
+		WHERE capture_id = $1 AND seq = $2 AND claim_token = $3::uuid AND state = 'pending'`,
+		w.CaptureID, w.Seq, nullUUID(w.ClaimToken), micro(at), status)
+	if err != nil {
+		return fmt.Errorf("error marking webhook %s delivered: %w", w.EventID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("webhook %s of capture %s: %w", w.EventID, w.CaptureID, provider.ErrWebhookFenced)
+	}
+	return nil
+}
+
+// WebhookFailed schedules w again at next, or gives it up, if its claim
+// still holds it.
+func (r *ProviderRecords) WebhookFailed(ctx context.Context, w provider.Webhook, next time.Time, dead bool, status int, reason string) error {
+	tag, err := r.pool.Exec(ctx, `
+		UPDATE provider_webhooks SET next_attempt_at = $4::timestamptz, last_status = $5, last_error = $6,
+		       state = CASE WHEN $7::boolean THEN 'dead' ELSE state END, done_at = CASE WHEN $7::boolean THEN $4::timestamptz END,
+		       claim_token = NULL, lease_expires_at = NULL
+		WHERE capture_id = $1 AND seq = $2 AND claim_token = $3::uuid AND state = 'pending'`,
+		w.CaptureID, w.Seq, nullUUID(w.ClaimToken), micro(next), status, reason, dead)
+	if err != nil {
+		return fmt.Errorf("error recording the failed attempt of webhook %s: %w", w.EventID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("webhook %s of capture %s: %w", w.EventID, w.CaptureID, provider.ErrWebhookFenced)
+	}
+	return nil
 }
 
 // Receipt records a receipt once per event id.
@@ -100,27 +201,31 @@ func (r *ProviderRecords) Stats(ctx context.Context, f provider.Filter) (provide
 	var s provider.Stats
 	err := r.pool.QueryRow(ctx, `
 		WITH c AS (SELECT charge_id, requests, amount_cents, status, via FROM provider_captures WHERE `+filterWhere+`),
-		     re AS (SELECT deliveries FROM provider_receipt_events WHERE `+filterWhere+`)
+		     re AS (SELECT deliveries FROM provider_receipt_events WHERE `+filterWhere+`),
+		     w AS (SELECT state FROM provider_webhooks WHERE `+filterWhere+`)
 		SELECT (SELECT count(*) FROM c),
 		       (SELECT coalesce(sum(requests), 0) FROM c)::bigint,
 		       (SELECT count(*) FROM (SELECT 1 FROM c GROUP BY charge_id HAVING count(*) > 1) twice),
 		       (SELECT coalesce(sum(amount_cents) FILTER (WHERE status = 'succeeded'), 0) FROM c)::bigint,
 		       (SELECT count(*) FROM re),
 		       (SELECT coalesce(sum(deliveries), 0) FROM re)::bigint,
-		       (SELECT count(*) FROM c WHERE via = 'direct')`, f.Namespace, f.Run, f.ChargeID).
+		       (SELECT count(*) FROM c WHERE via = 'direct'),
+		       (SELECT count(*) FILTER (WHERE state = 'pending') FROM w),
+		       (SELECT count(*) FILTER (WHERE state = 'delivered') FROM w),
+		       (SELECT count(*) FILTER (WHERE state = 'dead') FROM w)`, f.Namespace, f.Run, f.ChargeID).
 		Scan(&s.CapturesApplied, &s.CaptureRequests, &s.ChargesCapturedTwice, &s.CapturedCents,
-			&s.Receipts, &s.ReceiptDeliveries, &s.DirectCaptures)
+			&s.Receipts, &s.ReceiptDeliveries, &s.DirectCaptures, &s.WebhooksQueued, &s.WebhooksDelivered, &s.WebhooksDead)
 	if err != nil {
 		return s, fmt.Errorf("error summing the provider's records: %w", err)
 	}
 	return s, nil
 }
 
-// Reset deletes a namespace's captures and receipts ("" empties both
-// tables), and nothing of the lab's own.
+// Reset deletes a namespace's captures, receipts and webhooks ("" empties
+// the tables), and nothing of the lab's own.
 func (r *ProviderRecords) Reset(ctx context.Context, ns string) error {
 	if ns == "" {
-		if _, err := r.pool.Exec(ctx, `TRUNCATE provider_captures, provider_receipt_events`); err != nil {
+		if _, err := r.pool.Exec(ctx, `TRUNCATE provider_captures, provider_receipt_events, provider_webhooks`); err != nil {
 			return fmt.Errorf("error emptying the provider's records: %w", err)
 		}
 		return nil
@@ -129,6 +234,7 @@ func (r *ProviderRecords) Reset(ctx context.Context, ns string) error {
 		for _, q := range []string{
 			`DELETE FROM provider_captures WHERE namespace = $1`,
 			`DELETE FROM provider_receipt_events WHERE namespace = $1`,
+			`DELETE FROM provider_webhooks WHERE namespace = $1`,
 		} {
 			if _, err := tx.Exec(ctx, q, ns); err != nil {
 				return err

@@ -40,3 +40,38 @@ CREATE TABLE IF NOT EXISTS provider_receipt_events (
 CREATE INDEX IF NOT EXISTS provider_receipt_events_namespace ON provider_receipt_events (namespace);
 CREATE INDEX IF NOT EXISTS provider_receipt_events_run ON provider_receipt_events (run_id);
 CREATE INDEX IF NOT EXISTS provider_receipt_events_charge ON provider_receipt_events (charge_id);
+
+-- The webhooks the provider owes the lab, written in the statement that
+-- records the capture they announce and kept until the lab acknowledges
+-- them (delivered) or they are given up (dead): a provider that stops or
+-- crashes loses none, and the next one on these records sends them. A
+-- capture's webhooks go in seq order. Workers claim due ones with FOR
+-- UPDATE SKIP LOCKED, stamping a lease and a random claim token; only the
+-- holder of the token completes one. give_up_at ends the retry window.
+CREATE TABLE IF NOT EXISTS provider_webhooks (
+    capture_id       text        NOT NULL,
+    seq              integer     NOT NULL,
+    event_id         text        NOT NULL,
+    event_type       text        NOT NULL,
+    charge_id        text        NOT NULL,
+    tenant_id        text        NOT NULL,
+    namespace        text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED,
+    run_id           text        NOT NULL DEFAULT '',
+    body             text        NOT NULL, -- signed anew at each attempt
+    forged           boolean     NOT NULL DEFAULT false,
+    state            text        NOT NULL DEFAULT 'pending' CHECK (state IN ('pending', 'delivered', 'dead')),
+    attempts         integer     NOT NULL DEFAULT 0,
+    next_attempt_at  timestamptz NOT NULL,
+    give_up_at       timestamptz NOT NULL,
+    claim_token      uuid,
+    lease_expires_at timestamptz,
+    last_status      integer     NOT NULL DEFAULT 0,
+    last_error       text        NOT NULL DEFAULT '',
+    created_at       timestamptz NOT NULL,
+    done_at          timestamptz,
+    PRIMARY KEY (capture_id, seq)
+);
+CREATE INDEX IF NOT EXISTS provider_webhooks_due ON provider_webhooks (next_attempt_at) WHERE state = 'pending';
+CREATE INDEX IF NOT EXISTS provider_webhooks_namespace ON provider_webhooks (namespace);
+CREATE INDEX IF NOT EXISTS provider_webhooks_run ON provider_webhooks (run_id);
+CREATE INDEX IF NOT EXISTS provider_webhooks_charge ON provider_webhooks (charge_id);

@@ -2,6 +2,7 @@ package pgdb_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -42,7 +43,7 @@ func TestProviderMigrateTwice(t *testing.T) {
 	pools, schema := providerPools(t, 1)
 	ctx := context.Background()
 	r := pgdb.NewProviderRecords(pools[0])
-	if _, _, err := r.Capture(ctx, providerCapture("acme~2", "k1", time.Now())); err != nil {
+	if _, _, err := r.Capture(ctx, providerCapture("acme~2", "k1", time.Now()), nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := pgdb.Migrate(ctx, pools[0], schema); err != nil {
@@ -73,7 +74,7 @@ func TestProviderCaptureAcrossReplicas(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			r := replicas[i%2]
-			_, replayed, err := r.Capture(ctx, providerCapture("acme", "race", at))
+			_, replayed, err := r.Capture(ctx, providerCapture("acme", "race", at), nil)
 			if err != nil {
 				t.Errorf("Capture: %v", err)
 				return
@@ -112,7 +113,7 @@ func TestProviderResetKeepsOthers(t *testing.T) {
 	r := pgdb.NewProviderRecords(pools[0])
 	ctx := context.Background()
 	for _, tenant := range []string{"acme", "acme~2", "acme-2", "acmeco"} {
-		if _, _, err := r.Capture(ctx, providerCapture(tenant, "k", time.Now())); err != nil {
+		if _, _, err := r.Capture(ctx, providerCapture(tenant, "k", time.Now()), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -126,6 +127,62 @@ func TestProviderResetKeepsOthers(t *testing.T) {
 	for _, c := range list {
 		if c.Tenant != "acme-2" && c.Tenant != "acmeco" {
 			t.Fatalf("Reset(acme) kept %s", c.Tenant)
+		}
+	}
+}
+
+// TestProviderWebhooksClaimedOnce: workers of two replicas claim the same
+// table's webhooks concurrently; SKIP LOCKED gives each webhook to exactly
+// one of them, and a capture's second webhook to nobody while its first is
+// pending.
+func TestProviderWebhooksClaimedOnce(t *testing.T) {
+	pools, _ := providerPools(t, 2)
+	replicas := []*pgdb.ProviderRecords{pgdb.NewProviderRecords(pools[0]), pgdb.NewProviderRecords(pools[1])}
+	ctx := context.Background()
+	at := time.Now()
+	const captures = 40
+	for i := range captures {
+		c := providerCapture("acme", fmt.Sprintf("k%d", i), at)
+		var hooks []provider.Webhook
+		for seq := range 2 {
+			hooks = append(hooks, provider.Webhook{Seq: seq, EventID: fmt.Sprintf("evt_%d_%d", i, seq), Type: provider.EventCaptureProcessing,
+				Body: []byte(`{}`), NextAttempt: at, GiveUpAt: at.Add(time.Hour), CreatedAt: at})
+		}
+		if _, _, err := replicas[i%2].Capture(ctx, c, hooks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		claimed = map[string]int{}
+	)
+	for i := range 8 {
+		wg.Go(func() {
+			for {
+				got, err := replicas[i%2].ClaimWebhooks(ctx, at, 3, time.Minute)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if len(got) == 0 {
+					return
+				}
+				mu.Lock()
+				for _, w := range got {
+					claimed[w.EventID]++
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(claimed) != captures {
+		t.Fatalf("%d webhooks claimed, want the %d first ones (the second of each waits)", len(claimed), captures)
+	}
+	for id, n := range claimed {
+		if n != 1 || id[len(id)-2:] != "_0" {
+			t.Fatalf("webhook %s claimed %d times", id, n)
 		}
 	}
 }

@@ -188,3 +188,26 @@ CREATE TABLE IF NOT EXISTS lab_runs (
     namespace text        NOT NULL,
     opened_at timestamptz NOT NULL
 );
+-- The captures the lab made of each charge, as the provider answered its
+-- capture calls (the relay's, or a direct send's): a webhook moves a
+-- charge only when it names one of them, for the charge's amount and
+-- currency. No foreign key: a direct send captures before its charge is
+-- written, and a rolled-back charge never is. settled turns true when a
+-- webhook moved the charge; the partial index finds the ones still waiting.
+CREATE TABLE IF NOT EXISTS charge_captures (
+    charge_id   text        NOT NULL,
+    capture_id  text        NOT NULL,
+    tenant_id   text        NOT NULL,
+    namespace   text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED,
+    recorded_at timestamptz NOT NULL,
+    settled     boolean     NOT NULL DEFAULT false,
+    PRIMARY KEY (charge_id, capture_id)
+);
+CREATE INDEX IF NOT EXISTS charge_captures_namespace ON charge_captures (namespace);
+CREATE INDEX IF NOT EXISTS charge_captures_waiting ON charge_captures (recorded_at) WHERE NOT settled;
+-- What each processed webhook said of its capture, and, when it did not
+-- match its charge, why (it was recorded and moved nothing).
+ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS capture_id text NOT NULL DEFAULT '';
+ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS amount_cents bigint NOT NULL DEFAULT 0;
+ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS currency text NOT NULL DEFAULT '';
+ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS mismatch text;

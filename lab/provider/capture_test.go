@@ -241,9 +241,9 @@ func (g *gated) hold(key string) {
 	}
 }
 
-func (g *gated) Capture(ctx context.Context, c provider.Capture) (provider.Capture, bool, error) {
+func (g *gated) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook) (provider.Capture, bool, error) {
 	g.hold(c.Key)
-	return g.Records.Capture(ctx, c)
+	return g.Records.Capture(ctx, c, hooks)
 }
 
 func (g *gated) Receipt(ctx context.Context, r provider.Receipt) (bool, error) {
@@ -354,7 +354,7 @@ func TestQueries(t *testing.T) {
 		}
 		for _, f := range []string{"captures_applied", "capture_requests", "charges_captured_twice", "captured_cents", "receipts",
 			"receipt_deliveries", "direct_captures", "in_flight_overlaps", "errors_injected", "responses_lost",
-			"connections_dropped", "webhooks_sent", "webhooks_failed", "webhooks_rejected", "webhooks_dropped"} {
+			"connections_dropped", "webhooks_sent", "webhooks_failed", "webhooks_rejected", "webhooks_queued", "webhooks_delivered", "webhooks_dead"} {
 			if _, ok := fields[f]; !ok {
 				t.Errorf("stats lack %s: %s", f, r.Body)
 			}
@@ -391,18 +391,20 @@ func TestNew(t *testing.T) {
 	t.Parallel()
 	m := provider.NewMemory()
 	for name, cfg := range map[string]provider.Config{
-		"NoRecords":        {},
-		"NoSecret":         {Records: m, WebhookURL: "http://127.0.0.1:1/webhooks"},
-		"RelativeURL":      {Records: m, Secret: secret, WebhookURL: "/webhooks"},
-		"NegativeAttempts": {Records: m, WebhookAttempts: -1},
-		"NegativeHold":     {Records: m, ResponseLostHold: -time.Second},
+		"NoRecords":        {APIKey: apiKey},
+		"NoAPIKey":         {Records: m},
+		"APIKeyWithSpace":  {Records: m, APIKey: "a key"},
+		"NoSecret":         {Records: m, APIKey: apiKey, WebhookURL: "http://127.0.0.1:1/webhooks"},
+		"RelativeURL":      {Records: m, APIKey: apiKey, Secret: secret, WebhookURL: "/webhooks"},
+		"NegativeAttempts": {Records: m, APIKey: apiKey, WebhookAttempts: -1},
+		"NegativeHold":     {Records: m, APIKey: apiKey, ResponseLostHold: -time.Second},
 	} {
 		if _, err := provider.New(cfg); err == nil {
 			t.Errorf("%s: New accepted %+v", name, cfg)
 		}
 	}
-	if _, err := provider.New(provider.Config{Records: m}); err != nil {
-		t.Fatalf("New with records alone: %v", err)
+	if _, err := provider.New(provider.Config{Records: m, APIKey: apiKey}); err != nil {
+		t.Fatalf("New with records and an API key alone: %v", err)
 	}
 }
 
@@ -417,7 +419,7 @@ func TestClientErrors(t *testing.T) {
 		t.Fatalf("no detail in %+v", se)
 	}
 	// Nothing listens: a transport error, wrapped.
-	dead := provider.NewClient("http://127.0.0.1:1/provider", e.hc)
+	dead := provider.NewClient("http://127.0.0.1:1/provider", apiKey, e.hc)
 	_, _, err = dead.Capture(ctx, "k", captureReq("acme", "ch_1", 1), "")
 	transportError(t, err)
 	var oe interface{ Timeout() bool }

@@ -16,17 +16,18 @@ import (
 // Client talks to a provider over HTTP, as the lab does.
 type Client struct {
 	base string
+	key  string
 	hc   *http.Client
 }
 
 // NewClient returns a client of the provider whose routes are mounted at
-// baseURL, e.g. "http://127.0.0.1:8080/provider". A nil hc is a client
-// with a 10s timeout.
-func NewClient(baseURL string, hc *http.Client) *Client {
+// baseURL, e.g. "http://127.0.0.1:8080/provider", that sends apiKey with
+// every call. A nil hc is a client with a 10s timeout.
+func NewClient(baseURL, apiKey string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Timeout: 10 * time.Second}
 	}
-	return &Client{base: strings.TrimRight(baseURL, "/"), hc: hc}
+	return &Client{base: strings.TrimRight(baseURL, "/"), key: apiKey, hc: hc}
 }
 
 // StatusError is an answer outside 2xx.
@@ -154,6 +155,7 @@ func (c *Client) do(ctx context.Context, method, path string, h http.Header, in,
 	for k, v := range h {
 		req.Header[k] = v
 	}
+	req.Header.Set("Authorization", "Bearer "+c.key)
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}

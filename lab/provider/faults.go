@@ -33,10 +33,18 @@ type Faults struct {
 	// WebhookBadSignature also sends a copy of the final webhook signed
 	// with a wrong secret, which the receiver must refuse.
 	WebhookBadSignature bool `json:"webhook_bad_signature"`
+	// WebhookDelayMS holds a capture's webhooks back this long
+	// (0..MaxWebhookDelayMS): the charge stays pending meanwhile, and a
+	// lab that stops in between hears them after it restarts.
+	WebhookDelayMS int `json:"webhook_delay_ms"`
 }
 
 // MaxLatencyMS bounds the latency fault.
 const MaxLatencyMS = 10_000
+
+// MaxWebhookDelayMS bounds the webhook_delay_ms fault: 10 minutes, past the
+// bound after which reconcile calls a pending charge stuck.
+const MaxWebhookDelayMS = 600_000
 
 // Validate accepts faults whose values are in range.
 func (f Faults) Validate() error {
@@ -47,6 +55,8 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("latency_ms must be in 0..%d (got %d)", MaxLatencyMS, f.LatencyMS)
 	case !probability(f.AppliedResponseLost):
 		return fmt.Errorf("applied_response_lost must be in 0..1 (got %v)", f.AppliedResponseLost)
+	case f.WebhookDelayMS < 0 || f.WebhookDelayMS > MaxWebhookDelayMS:
+		return fmt.Errorf("webhook_delay_ms must be in 0..%d (got %d)", MaxWebhookDelayMS, f.WebhookDelayMS)
 	}
 	return nil
 }
@@ -76,6 +86,9 @@ func (f Faults) String() string {
 	flag(f.WebhookDuplicate, "webhook_duplicate")
 	flag(f.WebhookReorder, "webhook_reorder")
 	flag(f.WebhookBadSignature, "webhook_bad_signature")
+	if f.WebhookDelayMS != 0 {
+		items = append(items, "webhook_delay_ms="+strconv.Itoa(f.WebhookDelayMS))
+	}
 	return strings.Join(items, ",")
 }
 
@@ -95,7 +108,7 @@ type override struct {
 
 // Fault items of the Provider-Fault header.
 var faultItems = []string{"down", "decline", "error_rate", "latency_ms", "applied_response_lost",
-	"webhook_duplicate", "webhook_reorder", "webhook_bad_signature"}
+	"webhook_duplicate", "webhook_reorder", "webhook_bad_signature", "webhook_delay_ms"}
 
 func parseOverride(header string) (override, error) {
 	o := override{given: map[string]bool{}}
@@ -144,6 +157,12 @@ func parseOverride(header string) (override, error) {
 				return o, fmt.Errorf("%s: latency_ms must be an integer in 0..%d (got %q)", FaultHeader, MaxLatencyMS, value)
 			}
 			f.LatencyMS = ms
+		case "webhook_delay_ms":
+			ms, err := strconv.Atoi(value)
+			if !hasValue || err != nil || ms < 0 || ms > MaxWebhookDelayMS {
+				return o, fmt.Errorf("%s: webhook_delay_ms must be an integer in 0..%d (got %q)", FaultHeader, MaxWebhookDelayMS, value)
+			}
+			f.WebhookDelayMS = ms
 		default:
 			return o, fmt.Errorf("%s: unknown item %q; allowed: %s", FaultHeader, name, strings.Join(faultItems, ", "))
 		}
@@ -187,6 +206,8 @@ func (o override) over(standing Faults) Faults {
 			f.WebhookReorder = h.WebhookReorder
 		case "webhook_bad_signature":
 			f.WebhookBadSignature = h.WebhookBadSignature
+		case "webhook_delay_ms":
+			f.WebhookDelayMS = h.WebhookDelayMS
 		}
 	}
 	return f

@@ -68,7 +68,7 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("AppliedResponseLost", func(t *testing.T) {
 		e := setup(t, options{})
-		impatient := provider.NewClient(e.base, &http.Client{Transport: e.hc.Transport, Timeout: 200 * time.Millisecond})
+		impatient := provider.NewClient(e.base, apiKey, &http.Client{Transport: e.hc.Transport, Timeout: 200 * time.Millisecond})
 		_, _, err := impatient.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
 		transportError(t, err)
 		if s := e.stats(t, "acme"); s.CapturesApplied != 1 {
@@ -140,7 +140,7 @@ func TestFaults(t *testing.T) {
 	t.Run("ErrInvalidFault", func(t *testing.T) {
 		e := setup(t, options{})
 		for _, f := range []string{"explode", "down=1", "error_rate=2", "error_rate", "latency_ms=-1", "latency_ms=10001",
-			"applied_response_lost=NaN", "down,down"} {
+			"applied_response_lost=NaN", "down,down", "webhook_delay_ms", "webhook_delay_ms=-1", "webhook_delay_ms=600001"} {
 			_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), f)
 			statusError(t, err, http.StatusBadRequest, "invalid_fault")
 			_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e", ChargeID: "c", Tenant: "acme", Via: "outbox"}, f)
@@ -206,7 +206,7 @@ func TestFaultsAPI(t *testing.T) {
 	if got, err := e.client.Faults(ctx, "globex"); err != nil || got != (provider.Faults{}) {
 		t.Fatalf("Faults(globex) = %+v, %v; want none", got, err)
 	}
-	for _, b := range []string{`{"error_rate":1.5}`, `{"error_rate":-0.1}`, `{"latency_ms":10001}`, `{"applied_response_lost":2}`,
+	for _, b := range []string{`{"error_rate":1.5}`, `{"error_rate":-0.1}`, `{"latency_ms":10001}`, `{"applied_response_lost":2}`, `{"webhook_delay_ms":600001}`,
 		`{"down":true,"crash":true}`, `{"down":"yes"}`, `{} {}`} {
 		r := e.do(t, http.MethodPut, "/faults/acme", http.Header{"Content-Type": {"application/json"}}, b)
 		problemOf(t, r, http.StatusBadRequest, "invalid_body")
@@ -232,6 +232,7 @@ func TestFaultsHeader(t *testing.T) {
 		{AppliedResponseLost: 1, Decline: true},
 		{AppliedResponseLost: 0.125, WebhookDuplicate: true, WebhookReorder: true, WebhookBadSignature: true},
 		{ErrorRate: 1.0 / 3, LatencyMS: provider.MaxLatencyMS},
+		{WebhookDelayMS: provider.MaxWebhookDelayMS, WebhookReorder: true},
 	} {
 		got, err := provider.ParseFaults(f.String())
 		if err != nil || got != f {
@@ -244,6 +245,7 @@ func TestFaultsHeader(t *testing.T) {
 		"applied_response_lost=0.5": {AppliedResponseLost: 0.5},
 		"error_rate=0,latency_ms=0": {},
 		",,webhook_reorder,":        {WebhookReorder: true},
+		"webhook_delay_ms=2500":     {WebhookDelayMS: 2500},
 	} {
 		if got, err := provider.ParseFaults(h); err != nil || got != want {
 			t.Errorf("ParseFaults(%q) = %+v, %v; want %+v", h, got, err, want)

@@ -3,6 +3,7 @@ package provider
 import (
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -75,6 +76,8 @@ var (
 		"a capture needs an Idempotency-Key header (1..255 printable ASCII characters)")
 	errInProgress = &problem{http.StatusConflict, "capture_in_progress", "Capture in progress",
 		"another request with this Idempotency-Key is being handled; retry when it has been answered"}
+	errUnauthenticated = &problem{http.StatusUnauthorized, "unauthenticated", "Unauthenticated",
+		"the provider's API asks for its API key: send Authorization: Bearer <key>; nothing was read or changed"}
 	errInjected = &problem{http.StatusServiceUnavailable, "provider_unavailable", "Provider unavailable",
 		"the provider failed (an injected error); nothing was recorded, so a retry is safe"}
 )
@@ -107,6 +110,20 @@ func (p *Provider) fail(c echo.Context, err error) error {
 	}
 	resp := lab.Problem{Title: pr.title, Status: pr.status, Code: pr.code, Detail: pr.detail}.Response()
 	return c.Blob(resp.Status, "application/problem+json", resp.Body)
+}
+
+// authenticate lets through the requests that carry the API key, compared
+// in constant time; the others are answered 401 before anything is read,
+// a fault included.
+func (p *Provider) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		token, ok := strings.CutPrefix(c.Request().Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(token), []byte(p.cfg.APIKey)) != 1 {
+			c.Response().Header().Set("WWW-Authenticate", `Bearer realm="provider"`)
+			return p.fail(c, errUnauthenticated)
+		}
+		return next(c)
+	}
 }
 
 // decodeStrict reads one JSON object into v: no unknown field, nothing
@@ -330,16 +347,19 @@ func (p *Provider) capture(c echo.Context) error {
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
-	stored, replayed, err := p.cfg.Records.Capture(rctx, Capture{
+	capture := Capture{
 		ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Tenant: req.Tenant, Run: req.Run,
 		AmountCents: req.AmountCents, Currency: req.Currency, Via: req.Via, Status: status,
 		Fingerprint: req.Fingerprint(), CreatedAt: normalTime(p.cfg.Clock()),
-	})
+	}
+	// The webhooks are written with the capture, or not at all: a
+	// provider that crashes after the capture still owes them.
+	stored, replayed, err := p.cfg.Records.Capture(rctx, capture, p.webhooks(capture, f))
 	if err != nil {
 		return p.fail(c, err)
 	}
 	if !replayed {
-		p.enqueueWebhooks(ctx, stored, f)
+		p.wakeWorkers()
 	}
 	if p.hit(f.AppliedResponseLost) {
 		done()

@@ -3,19 +3,27 @@ package provider
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
 	"sync"
+	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/idempotency-lab/lab/lab"
 )
 
 // Memory keeps the provider's records in this process: for tests and for
-// a lab without PostgreSQL. Its answers match the PostgreSQL records'.
+// a lab without PostgreSQL. Its answers match the PostgreSQL records'. Its
+// webhooks outlive a Provider (another on the same records sends them),
+// not the process.
 type Memory struct {
 	mu       sync.Mutex
 	seq      int64 // insertion order, which breaks ties between equal times
 	captures map[captureKey]*memCapture
 	receipts map[string]*Receipt
+	pending  []*Webhook // webhooks not yet delivered or dead, in the order they were written
+	done     []*Webhook // the others, kept for Stats
 }
 
 type captureKey struct{ tenant, key string }
@@ -30,8 +38,9 @@ func NewMemory() *Memory {
 	return &Memory{captures: map[captureKey]*memCapture{}, receipts: map[string]*Receipt{}}
 }
 
-// Capture records c once per (tenant, key); see Records.
-func (m *Memory) Capture(_ context.Context, c Capture) (Capture, bool, error) {
+// Capture records c once per (tenant, key), with hooks when it applies;
+// see Records.
+func (m *Memory) Capture(_ context.Context, c Capture, hooks []Webhook) (Capture, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := captureKey{c.Tenant, c.Key}
@@ -46,7 +55,82 @@ func (m *Memory) Capture(_ context.Context, c Capture) (Capture, bool, error) {
 	c.Requests = 1
 	c.CreatedAt = normalTime(c.CreatedAt)
 	m.captures[k] = &memCapture{Capture: c, seq: m.seq}
+	for _, h := range hooks {
+		// A webhook is about its capture: it carries the capture's charge, tenant and run.
+		h.CaptureID, h.ChargeID, h.Tenant, h.Run = c.ID, c.ChargeID, c.Tenant, c.Run
+		h.State, h.Attempts, h.ClaimToken = WebhookPending, 0, ""
+		h.NextAttempt, h.GiveUpAt, h.CreatedAt = normalTime(h.NextAttempt), normalTime(h.GiveUpAt), normalTime(h.CreatedAt)
+		m.pending = append(m.pending, &h)
+	}
 	return c, false, nil
+}
+
+// ClaimWebhooks leases due webhooks, each the first pending one of its
+// capture; see Records.
+func (m *Memory) ClaimWebhooks(_ context.Context, now time.Time, limit int, lease time.Duration) ([]Webhook, error) {
+	token := uuid.NewString()
+	now = normalTime(now)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []Webhook
+	waiting := map[string]bool{} // captures with a pending webhook before the one at hand
+	for _, w := range m.pending {
+		if len(out) == limit {
+			break
+		}
+		first := !waiting[w.CaptureID]
+		waiting[w.CaptureID] = true
+		if !first || w.NextAttempt.After(now) {
+			continue
+		}
+		w.Attempts++
+		w.ClaimToken = token
+		w.NextAttempt = now.Add(lease)
+		out = append(out, *w)
+	}
+	return out, nil
+}
+
+// held finds the pending webhook w's claim still holds (callers hold mu).
+func (m *Memory) held(w Webhook) (int, error) {
+	i := slices.IndexFunc(m.pending, func(p *Webhook) bool { return p.CaptureID == w.CaptureID && p.Seq == w.Seq })
+	if i < 0 || w.ClaimToken == "" || m.pending[i].ClaimToken != w.ClaimToken {
+		return 0, fmt.Errorf("webhook %s of capture %s: %w", w.EventID, w.CaptureID, ErrWebhookFenced)
+	}
+	return i, nil
+}
+
+// WebhookDelivered records w delivered; see Records.
+func (m *Memory) WebhookDelivered(_ context.Context, w Webhook, _ time.Time, status int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i, err := m.held(w)
+	if err != nil {
+		return err
+	}
+	h := m.pending[i]
+	h.State, h.ClaimToken, h.LastStatus, h.LastError = WebhookDelivered, "", status, ""
+	m.pending = slices.Delete(m.pending, i, i+1)
+	m.done = append(m.done, h)
+	return nil
+}
+
+// WebhookFailed schedules w again at next, or gives it up; see Records.
+func (m *Memory) WebhookFailed(_ context.Context, w Webhook, next time.Time, dead bool, status int, reason string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	i, err := m.held(w)
+	if err != nil {
+		return err
+	}
+	h := m.pending[i]
+	h.NextAttempt, h.ClaimToken, h.LastStatus, h.LastError = normalTime(next), "", status, reason
+	if dead {
+		h.State = WebhookDead
+		m.pending = slices.Delete(m.pending, i, i+1)
+		m.done = append(m.done, h)
+	}
+	return nil
 }
 
 // Receipt records r once per event id; see Records.
@@ -119,6 +203,20 @@ func (m *Memory) Stats(_ context.Context, f Filter) (Stats, error) {
 			s.ReceiptDeliveries += r.Deliveries
 		}
 	}
+	for _, w := range m.pending {
+		if f.matches(w.Tenant, w.Run, w.ChargeID) {
+			s.WebhooksQueued++
+		}
+	}
+	for _, w := range m.done {
+		switch {
+		case !f.matches(w.Tenant, w.Run, w.ChargeID):
+		case w.State == WebhookDelivered:
+			s.WebhooksDelivered++
+		default:
+			s.WebhooksDead++
+		}
+	}
 	return s, nil
 }
 
@@ -136,5 +234,8 @@ func (m *Memory) Reset(_ context.Context, ns string) error {
 			delete(m.receipts, id)
 		}
 	}
+	mine := func(w *Webhook) bool { return ns == "" || string(lab.NamespaceOf(w.Tenant)) == ns }
+	m.pending = slices.DeleteFunc(m.pending, mine)
+	m.done = slices.DeleteFunc(m.done, mine)
 	return nil
 }

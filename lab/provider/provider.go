@@ -15,6 +15,7 @@ import (
 	randv2 "math/rand/v2"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,11 +26,15 @@ import (
 )
 
 // Config says how a provider behaves. Zero fields take DefaultConfig's
-// values, except Records, which is required, and Secret, which is
-// required when WebhookURL is set.
+// values, except Records and APIKey, which are required, and Secret,
+// which is required when WebhookURL is set.
 type Config struct {
 	// Records keeps what the provider received.
 	Records Records
+	// APIKey is what every caller of the provider's routes sends as
+	// Authorization: Bearer <APIKey>, as a real provider's API key: only
+	// the lab (and whoever runs it) holds it. /health alone is open.
+	APIKey string
 	// Secret signs the webhooks.
 	Secret []byte
 	// WebhookURL receives the webhooks; empty sends none.
@@ -45,24 +50,35 @@ type Config struct {
 	// webhook backoff's jitter, from concurrent requests. Default
 	// math/rand/v2's Float64.
 	Rand func() float64
-	// WebhookAttempts is how many times one webhook is sent at most. Default 5.
+	// WebhookWindow is how long a webhook is retried from when it is
+	// due: a failed attempt whose next one would fall after it makes the
+	// webhook dead. Default 10m, the lab's scale: a real provider retries
+	// for days.
+	WebhookWindow time.Duration
+	// WebhookAttempts caps the attempts of one webhook within its window.
+	// Default 0: no cap, the window alone ends the retries.
 	WebhookAttempts int
 	// WebhookBackoff is the wait before the second attempt; it doubles
 	// with each attempt, up to a minute, with jitter. Default 200ms.
 	WebhookBackoff time.Duration
-	// WebhookQueue bounds the webhooks waiting to be sent; when it is full
-	// new ones are dropped. Default 4096.
-	WebhookQueue int
 	// WebhookWorkers send webhooks concurrently. Default 4.
 	WebhookWorkers int
+	// WebhookLease hides a claimed webhook from other workers while one
+	// sends it: a worker that dies mid-send leaves it to be sent again
+	// after the lease. Default 1m.
+	WebhookLease time.Duration
+	// WebhookPoll is how often an idle worker looks for due webhooks that
+	// this provider did not just write (another process's, a backoff run
+	// out, a previous run's). Default 250ms.
+	WebhookPoll time.Duration
 	// ResponseLostHold is how long a withheld answer is held at most
 	// before the connection is closed, when the client waits longer.
 	// Default 10s.
 	ResponseLostHold time.Duration
 }
 
-// DefaultConfig returns the defaults; Records (and Secret with a
-// WebhookURL) remain to be set.
+// DefaultConfig returns the defaults; Records and APIKey (and Secret with
+// a WebhookURL) remain to be set.
 func DefaultConfig() Config {
 	return Config{
 		Clock:  time.Now,
@@ -73,10 +89,11 @@ func DefaultConfig() Config {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
 		Rand:             randv2.Float64,
-		WebhookAttempts:  5,
+		WebhookWindow:    10 * time.Minute,
 		WebhookBackoff:   200 * time.Millisecond,
-		WebhookQueue:     4096,
 		WebhookWorkers:   4,
+		WebhookLease:     time.Minute,
+		WebhookPoll:      250 * time.Millisecond,
 		ResponseLostHold: 10 * time.Second,
 	}
 }
@@ -92,10 +109,7 @@ type Provider struct {
 	flightMu sync.Mutex
 	inFlight map[string]int // requests being handled, per capture key or receipt event id
 
-	queueMu sync.Mutex
-	closed  bool                // no more webhooks are queued: Run has stopped its workers
-	waiting map[*time.Timer]int // jobs waiting out a backoff, and how many webhooks each holds
-	queue   chan webhookJob
+	wake    chan struct{} // a capture wrote webhooks: a worker looks now
 	running atomic.Bool
 	stopped chan struct{} // closed when Run returns: held answers are let go
 
@@ -116,36 +130,25 @@ type Counters struct {
 	ConnectionsDropped int64 `json:"connections_dropped"`
 	// WebhooksSent counts webhooks the receiver accepted (2xx).
 	WebhooksSent int64 `json:"webhooks_sent"`
-	// WebhooksFailed counts webhooks given up: attempts exhausted or an
-	// answer not worth retrying.
+	// WebhooksFailed counts webhooks this process gave up (made dead): an
+	// answer not worth retrying, its window over, or its attempts spent.
 	WebhooksFailed int64 `json:"webhooks_failed"`
 	// WebhooksRejected counts answers outside 2xx, one per attempt.
 	WebhooksRejected int64 `json:"webhooks_rejected"`
-	// WebhooksDropped counts webhooks never sent: the queue was full, or
-	// the provider stopped first.
-	WebhooksDropped int64 `json:"webhooks_dropped"`
-	// WebhooksQueued counts the jobs (a capture's webhooks, in order)
-	// waiting to be sent or waiting out a backoff, now.
-	WebhooksQueued int64 `json:"webhooks_queued"`
 }
 
 type counters struct {
-	overlaps, errorsInjected, responsesLost, dropped                atomic.Int64
-	webhooksSent, webhooksFailed, webhooksRejected, webhooksDropped atomic.Int64
+	overlaps, errorsInjected, responsesLost, dropped atomic.Int64
+	webhooksSent, webhooksFailed, webhooksRejected   atomic.Int64
 }
 
 // Counters reads the counters.
 func (p *Provider) Counters() Counters {
 	c := &p.counters
-	p.queueMu.Lock()
-	queued := int64(len(p.queue) + len(p.waiting))
-	p.queueMu.Unlock()
 	return Counters{
-		WebhooksQueued:   queued,
 		InFlightOverlaps: c.overlaps.Load(), ErrorsInjected: c.errorsInjected.Load(),
 		ResponsesLost: c.responsesLost.Load(), ConnectionsDropped: c.dropped.Load(),
-		WebhooksSent: c.webhooksSent.Load(), WebhooksFailed: c.webhooksFailed.Load(),
-		WebhooksRejected: c.webhooksRejected.Load(), WebhooksDropped: c.webhooksDropped.Load(),
+		WebhooksSent: c.webhooksSent.Load(), WebhooksFailed: c.webhooksFailed.Load(), WebhooksRejected: c.webhooksRejected.Load(),
 	}
 }
 
@@ -154,6 +157,9 @@ func New(cfg Config) (*Provider, error) {
 	d := DefaultConfig()
 	if cfg.Records == nil {
 		return nil, errors.New("provider: Records is required")
+	}
+	if err := CheckAPIKey(cfg.APIKey); err != nil {
+		return nil, fmt.Errorf("provider: %w", err)
 	}
 	if cfg.WebhookURL != "" {
 		u, err := url.Parse(cfg.WebhookURL)
@@ -168,10 +174,12 @@ func New(cfg Config) (*Provider, error) {
 		name string
 		bad  bool
 	}{
+		{"WebhookWindow", cfg.WebhookWindow < 0},
 		{"WebhookAttempts", cfg.WebhookAttempts < 0},
 		{"WebhookBackoff", cfg.WebhookBackoff < 0},
-		{"WebhookQueue", cfg.WebhookQueue < 0},
 		{"WebhookWorkers", cfg.WebhookWorkers < 0},
+		{"WebhookLease", cfg.WebhookLease < 0},
+		{"WebhookPoll", cfg.WebhookPoll < 0},
 		{"ResponseLostHold", cfg.ResponseLostHold < 0},
 	} {
 		if v.bad {
@@ -190,17 +198,20 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Rand == nil {
 		cfg.Rand = d.Rand
 	}
-	if cfg.WebhookAttempts == 0 {
-		cfg.WebhookAttempts = d.WebhookAttempts
+	if cfg.WebhookWindow == 0 {
+		cfg.WebhookWindow = d.WebhookWindow
 	}
 	if cfg.WebhookBackoff == 0 {
 		cfg.WebhookBackoff = d.WebhookBackoff
 	}
-	if cfg.WebhookQueue == 0 {
-		cfg.WebhookQueue = d.WebhookQueue
-	}
 	if cfg.WebhookWorkers == 0 {
 		cfg.WebhookWorkers = d.WebhookWorkers
+	}
+	if cfg.WebhookLease == 0 {
+		cfg.WebhookLease = d.WebhookLease
+	}
+	if cfg.WebhookPoll == 0 {
+		cfg.WebhookPoll = d.WebhookPoll
 	}
 	if cfg.ResponseLostHold == 0 {
 		cfg.ResponseLostHold = d.ResponseLostHold
@@ -210,12 +221,24 @@ func New(cfg Config) (*Provider, error) {
 	return &Provider{
 		cfg: cfg, forged: forged,
 		faults: map[lab.Namespace]Faults{}, inFlight: map[string]int{},
-		queue: make(chan webhookJob, cfg.WebhookQueue), stopped: make(chan struct{}), waiting: map[*time.Timer]int{},
+		wake: make(chan struct{}, cfg.WebhookWorkers), stopped: make(chan struct{}),
 	}, nil
 }
 
+// CheckAPIKey accepts an API key: 1..255 printable ASCII characters, no
+// space, as a bearer token is sent.
+func CheckAPIKey(key string) error {
+	if !printable(key, true) || strings.ContainsRune(key, ' ') {
+		return errors.New("an API key is required: 1..255 printable ASCII characters without spaces, " +
+			"which every caller of the provider's routes sends as Authorization: Bearer <key>")
+	}
+	return nil
+}
+
 // Register mounts the provider's routes on g, which the caller names, e.g.
-// e.Group("/provider"); the routes below are relative to it:
+// e.Group("/provider"); the routes below are relative to it. Every one but
+// /health asks for the API key (Authorization: Bearer <key>); without it,
+// or with another, the answer is 401 and nothing is read or changed:
 //
 //	POST   /captures              capture a charge (Idempotency-Key required)
 //	POST   /receipts              send a receipt (deduplicated by event_id)
@@ -228,55 +251,38 @@ func New(cfg Config) (*Provider, error) {
 //	DELETE /faults/:ns            clear them
 //	GET    /health                200 while the process runs
 func (p *Provider) Register(g *echo.Group) {
-	g.POST("/captures", p.capture)
-	g.POST("/receipts", p.receipt)
-	g.GET("/captures", p.listCaptures)
-	g.GET("/stats", p.stats)
-	g.DELETE("/namespaces/:ns", p.resetNamespace)
-	g.DELETE("/records", p.resetAll)
-	g.PUT("/faults/:ns", p.putFaults)
-	g.GET("/faults/:ns", p.getFaults)
-	g.DELETE("/faults/:ns", p.deleteFaults)
-	g.GET("/health", p.health)
+	g.POST("/captures", p.capture, p.authenticate)
+	g.POST("/receipts", p.receipt, p.authenticate)
+	g.GET("/captures", p.listCaptures, p.authenticate)
+	g.GET("/stats", p.stats, p.authenticate)
+	g.DELETE("/namespaces/:ns", p.resetNamespace, p.authenticate)
+	g.DELETE("/records", p.resetAll, p.authenticate)
+	g.PUT("/faults/:ns", p.putFaults, p.authenticate)
+	g.GET("/faults/:ns", p.getFaults, p.authenticate)
+	g.DELETE("/faults/:ns", p.deleteFaults, p.authenticate)
+	g.GET("/health", p.health) // a liveness probe: it reads and changes nothing
 }
 
-// Run sends webhooks until ctx ends and returns once its workers stopped.
-// Webhooks still queued then are dropped (and counted); answers being
-// withheld are let go. Call it once: a second call returns at once.
+// Run sends the records' webhooks until ctx ends and returns once its
+// workers stopped (none without a WebhookURL). What is not delivered stays
+// in the records, for the next Run on them (this process's or another's);
+// a webhook being sent is released at once, and answers being withheld
+// are let go. Call it once: a second call returns at once.
 func (p *Provider) Run(ctx context.Context) {
 	if !p.running.CompareAndSwap(false, true) {
 		p.cfg.Logger.ErrorContext(ctx, "provider: Run called twice; the second call does nothing")
 		return
 	}
 	defer close(p.stopped)
+	if p.cfg.WebhookURL == "" {
+		<-ctx.Done()
+		return
+	}
 	var wg sync.WaitGroup
 	for range p.cfg.WebhookWorkers {
 		wg.Go(func() { p.sendWebhooks(ctx) })
 	}
 	wg.Wait()
-	dropped := 0
-	p.queueMu.Lock()
-	p.closed = true
-	for t, n := range p.waiting {
-		if t.Stop() { // never to fire: its webhooks will not be sent
-			dropped += n
-		}
-		delete(p.waiting, t)
-	}
-	p.queueMu.Unlock()
-drain:
-	for {
-		select {
-		case j := <-p.queue:
-			dropped += len(j.sends)
-		default:
-			break drain
-		}
-	}
-	if dropped > 0 {
-		p.counters.webhooksDropped.Add(int64(dropped))
-		p.cfg.Logger.InfoContext(context.WithoutCancel(ctx), "provider stopped: queued webhooks dropped", "webhooks", dropped)
-	}
 }
 
 // standing returns a namespace's standing faults.

@@ -13,17 +13,35 @@ import (
 // with another request.
 var ErrKeyMismatch = errors.New("idempotency key reused with another request")
 
+// ErrWebhookFenced refuses to complete a webhook the claim no longer
+// holds: its lease ran out and another worker claimed it, or it was reset.
+var ErrWebhookFenced = errors.New("webhook claimed by another worker: completion refused")
+
 // Records is where the provider keeps what it received (memory or
-// PostgreSQL): the ground truth the lab compares its ledger with.
+// PostgreSQL): the ground truth the lab compares its ledger with, and the
+// webhooks it owes the lab, until they are delivered or dead.
 type Records interface {
-	// Capture records a capture under (tenant, key) once. If the key exists
-	// with the same fingerprint it returns the stored capture, its Requests
-	// counted one more, with replayed=true; with another fingerprint
-	// ErrKeyMismatch, and the stored capture is left as it was (a refused
-	// request is not counted). Concurrent calls with one key: exactly one
-	// applies. c.ID must be new: the stored capture carries another ID
-	// exactly when the call did not apply.
-	Capture(ctx context.Context, c Capture) (stored Capture, replayed bool, err error)
+	// Capture records a capture under (tenant, key) once, and with it, in
+	// the same step, the webhooks that announce it (none when it does not
+	// apply). If the key exists with the same fingerprint it returns the
+	// stored capture, its Requests counted one more, with replayed=true;
+	// with another fingerprint ErrKeyMismatch, and the stored capture is
+	// left as it was (a refused request is not counted). Concurrent calls
+	// with one key: exactly one applies. c.ID must be new: the stored
+	// capture carries another ID exactly when the call did not apply.
+	Capture(ctx context.Context, c Capture, hooks []Webhook) (stored Capture, replayed bool, err error)
+	// ClaimWebhooks leases up to limit due pending webhooks to one new
+	// claim: each comes back with one more attempt, the claim's token, and
+	// is hidden from other claims for lease. A webhook is due at its
+	// NextAttempt, once every webhook before it of its capture (lower Seq)
+	// is delivered or dead: a capture's webhooks go in order.
+	ClaimWebhooks(ctx context.Context, now time.Time, limit int, lease time.Duration) ([]Webhook, error)
+	// WebhookDelivered and WebhookFailed complete an attempt of a webhook
+	// the claim token (w.ClaimToken) still holds, or change nothing and
+	// return an error wrapping ErrWebhookFenced. WebhookFailed makes it
+	// due again at next, or dead.
+	WebhookDelivered(ctx context.Context, w Webhook, at time.Time, status int) error
+	WebhookFailed(ctx context.Context, w Webhook, next time.Time, dead bool, status int, reason string) error
 	// Receipt records a receipt by event id once; duplicate=true when it
 	// was there already (its Deliveries is incremented).
 	Receipt(ctx context.Context, r Receipt) (duplicate bool, err error)
@@ -32,8 +50,43 @@ type Records interface {
 	Captures(ctx context.Context, f Filter) ([]Capture, error)
 	// Stats sums what f selects (f.Limit is ignored).
 	Stats(ctx context.Context, f Filter) (Stats, error)
-	// Reset deletes a namespace's captures and receipts ("" = everything).
+	// Reset deletes a namespace's captures, receipts and webhooks ("" =
+	// everything).
 	Reset(ctx context.Context, ns string) error
+}
+
+// Webhook states.
+const (
+	WebhookPending   = "pending"   // to be sent, now or after a backoff
+	WebhookDelivered = "delivered" // the lab answered 2xx
+	WebhookDead      = "dead"      // given up: refused for good, or its window is over
+)
+
+// Webhook is one webhook the provider owes the lab, as its records keep
+// it: written with the capture it announces, sent (signed at each attempt)
+// until the lab answers 2xx or it is given up.
+type Webhook struct {
+	CaptureID string `json:"capture_id"`
+	// Seq orders a capture's webhooks: each is sent once those before it
+	// are delivered or dead.
+	Seq      int    `json:"seq"`
+	EventID  string `json:"event_id"` // a duplicate sends one event id twice
+	Type     string `json:"type"`
+	ChargeID string `json:"charge_id"`
+	Tenant   string `json:"tenant"`
+	Run      string `json:"run,omitempty"`
+	Body     []byte `json:"-"`
+	// Forged: signed with a wrong secret (webhook_bad_signature).
+	Forged      bool      `json:"forged"`
+	State       string    `json:"state"`
+	Attempts    int       `json:"attempts"` // begun, this one included once claimed
+	NextAttempt time.Time `json:"next_attempt_at"`
+	// GiveUpAt ends its window: no attempt is made after it.
+	GiveUpAt   time.Time `json:"give_up_at"`
+	CreatedAt  time.Time `json:"created_at"`
+	ClaimToken string    `json:"-"`
+	LastStatus int       `json:"last_status,omitempty"`
+	LastError  string    `json:"last_error,omitempty"`
 }
 
 // Listing limits.
@@ -113,6 +166,9 @@ type Stats struct {
 	Receipts             int   `json:"receipts"`               // distinct event ids
 	ReceiptDeliveries    int   `json:"receipt_deliveries"`     // sum of their deliveries
 	DirectCaptures       int   `json:"direct_captures"`        // captures sent with via=direct
+	WebhooksQueued       int   `json:"webhooks_queued"`        // webhooks pending: due, backing off or being sent
+	WebhooksDelivered    int   `json:"webhooks_delivered"`     // webhooks the lab acknowledged
+	WebhooksDead         int   `json:"webhooks_dead"`          // webhooks given up
 }
 
 // CaptureRequest is the body of POST /captures.

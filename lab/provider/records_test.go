@@ -3,6 +3,8 @@ package provider_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -55,7 +57,7 @@ func capture(tenant, key, chargeID string, cents int64, at time.Time) provider.C
 
 func mustCapture(t *testing.T, r provider.Records, c provider.Capture) provider.Capture {
 	t.Helper()
-	stored, replayed, err := r.Capture(context.Background(), c)
+	stored, replayed, err := r.Capture(context.Background(), c, nil)
 	if err != nil || replayed {
 		t.Fatalf("Capture(%s): replayed %v, err %v; want a new capture", c.Key, replayed, err)
 	}
@@ -105,7 +107,7 @@ func TestRecords(t *testing.T) {
 				first := mustCapture(t, r, capture("acme", "k1", "ch_1", 1250, t0))
 				again := capture("acme", "k1", "ch_1", 1250, t0.Add(time.Second))
 				again.Via, again.Run = provider.ViaDirect, "another-run" // not part of the fingerprint
-				stored, replayed, err := r.Capture(context.Background(), again)
+				stored, replayed, err := r.Capture(context.Background(), again, nil)
 				if err != nil || !replayed {
 					t.Fatalf("replayed %v, err %v; want a replay", replayed, err)
 				}
@@ -120,7 +122,7 @@ func TestRecords(t *testing.T) {
 					capture("acme", "k1", "ch_1", 999, t0),
 					capture("acme", "k1", "ch_2", 1250, t0),
 				} {
-					if _, _, err := r.Capture(context.Background(), other); !errors.Is(err, provider.ErrKeyMismatch) {
+					if _, _, err := r.Capture(context.Background(), other, nil); !errors.Is(err, provider.ErrKeyMismatch) {
 						t.Fatalf("Capture with another fingerprint: %v, want ErrKeyMismatch", err)
 					}
 				}
@@ -147,7 +149,7 @@ func TestRecords(t *testing.T) {
 				for range n {
 					wg.Go(func() {
 						<-start
-						stored, replayed, err := r.Capture(context.Background(), capture("acme", "race", "ch_1", 500, t0))
+						stored, replayed, err := r.Capture(context.Background(), capture("acme", "race", "ch_1", 500, t0), nil)
 						mu.Lock()
 						defer mu.Unlock()
 						if err != nil {
@@ -230,6 +232,100 @@ func TestRecords(t *testing.T) {
 					}
 				}
 			})
+			t.Run("Webhooks", func(t *testing.T) {
+				r := b.open(t)
+				ctx := context.Background()
+				c := capture("acme", "k1", "ch_1", 100, t0)
+				c.Run = "r-webhooks"
+				stored, _, err := r.Capture(ctx, c, hooksOf(c, 2))
+				if err != nil {
+					t.Fatal(err)
+				}
+				// A replay writes no webhooks.
+				again := capture("acme", "k1", "ch_1", 100, t0)
+				if _, replayed, err := r.Capture(ctx, again, hooksOf(again, 2)); err != nil || !replayed {
+					t.Fatalf("replay: %v, %v", replayed, err)
+				}
+				if s, err := r.Stats(ctx, provider.Filter{}); err != nil || s.WebhooksQueued != 2 {
+					t.Fatalf("Stats = %+v, %v; want the capture's 2 webhooks, none of the replay's", s, err)
+				}
+				claim := func(at time.Duration, want ...int) []provider.Webhook {
+					t.Helper()
+					got, err := r.ClaimWebhooks(ctx, t0.Add(at), 10, time.Minute)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var seqs []int
+					for _, w := range got {
+						if w.CaptureID != stored.ID || w.ClaimToken == "" || w.State != provider.WebhookPending || len(w.Body) == 0 {
+							t.Fatalf("claimed %+v", w)
+						}
+						seqs = append(seqs, w.Seq)
+					}
+					if !slices.Equal(seqs, want) {
+						t.Fatalf("claimed at +%s: seqs %v, want %v", at, seqs, want)
+					}
+					return got
+				}
+				// The second waits for the first, which a claim hides for its lease.
+				first := claim(0, 0)
+				claim(0)
+				// After the lease, another claim takes it over; the first is fenced.
+				second := claim(2*time.Minute, 0)
+				if second[0].Attempts != 2 || second[0].ClaimToken == first[0].ClaimToken {
+					t.Fatalf("taken over: %+v after %+v", second[0], first[0])
+				}
+				if err := r.WebhookDelivered(ctx, first[0], t0, 200); !errors.Is(err, provider.ErrWebhookFenced) {
+					t.Fatalf("the superseded claim completed: %v", err)
+				}
+				// Failed, it is due at its next attempt.
+				if err := r.WebhookFailed(ctx, second[0], t0.Add(3*time.Minute), false, 503, "answered 503"); err != nil {
+					t.Fatal(err)
+				}
+				claim(2*time.Minute + time.Second)
+				third := claim(3*time.Minute, 0)
+				if err := r.WebhookDelivered(ctx, third[0], t0.Add(3*time.Minute), 200); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.WebhookDelivered(ctx, third[0], t0.Add(3*time.Minute), 200); !errors.Is(err, provider.ErrWebhookFenced) {
+					t.Fatalf("delivered twice: %v", err)
+				}
+				// Then the second; given up, it is dead.
+				last := claim(3*time.Minute, 1)
+				if err := r.WebhookFailed(ctx, last[0], t0.Add(4*time.Minute), true, 400, "answered 400"); err != nil {
+					t.Fatal(err)
+				}
+				claim(time.Hour)
+				other := capture("globex", "k2", "ch_2", 100, t0)
+				other.Run = "r-webhooks"
+				if _, _, err := r.Capture(ctx, other, hooksOf(other, 1)); err != nil {
+					t.Fatal(err)
+				}
+				for f, want := range map[provider.Filter][3]int{
+					{}:                                     {1, 1, 1},
+					{Namespace: "acme"}:                    {0, 1, 1},
+					{ChargeID: "ch_2"}:                     {1, 0, 0},
+					{Namespace: "nobody"}:                  {0, 0, 0},
+					{Run: "r-webhooks"}:                    {1, 1, 1},
+					{Run: "another-run"}:                   {0, 0, 0},
+					{Namespace: "globex"}:                  {1, 0, 0},
+					{ChargeID: "ch_1"}:                     {0, 1, 1},
+					{Namespace: "acme~2"}:                  {0, 0, 0},
+					{Namespace: "acme", Run: "r-webhooks"}: {0, 1, 1},
+				} {
+					s, err := r.Stats(ctx, f)
+					if got := [3]int{s.WebhooksQueued, s.WebhooksDelivered, s.WebhooksDead}; err != nil || got != want {
+						t.Errorf("Stats(%+v) webhooks queued, delivered, dead = %v, %v; want %v", f, got, err, want)
+					}
+				}
+				// Reset forgets a namespace's webhooks with its captures.
+				if err := r.Reset(ctx, "globex"); err != nil {
+					t.Fatal(err)
+				}
+				if s, err := r.Stats(ctx, provider.Filter{}); err != nil || s.WebhooksQueued != 0 || s.WebhooksDelivered != 1 {
+					t.Fatalf("after Reset(globex): %+v, %v", s, err)
+				}
+			})
 			t.Run("Reset", func(t *testing.T) {
 				r := b.open(t)
 				seed(t, r)
@@ -258,6 +354,17 @@ func TestRecords(t *testing.T) {
 	}
 }
 
+// hooksOf builds n webhooks of c, due at t0 with a 10-minute window.
+func hooksOf(c provider.Capture, n int) []provider.Webhook {
+	var out []provider.Webhook
+	for i := range n {
+		out = append(out, provider.Webhook{CaptureID: c.ID, Seq: i, EventID: fmt.Sprintf("evt_%s_%d", c.Key, i), Type: provider.EventCaptureProcessing,
+			ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run, Body: []byte(`{"event_id":"x"}`), State: provider.WebhookPending,
+			NextAttempt: t0, GiveUpAt: t0.Add(10 * time.Minute), CreatedAt: t0})
+	}
+	return out
+}
+
 // seed records, oldest first: k1 and k2 capture ch_1 twice (two keys),
 // k3 belongs to globex, k4 to acme's second tenant in run r2, k5 is a
 // direct capture replayed once, k6 a declined one of globex, and k5 and k6
@@ -276,7 +383,7 @@ func seed(t *testing.T, r provider.Records) {
 	k5 := add(capture("acme", "k5", "ch_5", 500, t0.Add(4*time.Second)), "r1", provider.ViaDirect, provider.StatusFailed)
 	add(capture("globex", "k6", "ch_6", 600, t0.Add(4*time.Second)), "r1", provider.ViaOutbox, provider.StatusSucceeded)
 	again := capture("acme", "k5", "ch_5", 500, t0.Add(5*time.Second))
-	if stored, replayed, err := r.Capture(ctx, again); err != nil || !replayed || stored.ID != k5.ID {
+	if stored, replayed, err := r.Capture(ctx, again, nil); err != nil || !replayed || stored.ID != k5.ID {
 		t.Fatalf("replaying k5: %+v, %v, %v", stored, replayed, err)
 	}
 	for _, rc := range []provider.Receipt{

@@ -22,6 +22,9 @@ import (
 
 var secret = []byte("whsec_provider_test")
 
+// apiKey is the test providers' API key.
+const apiKey = "provider-test-key"
+
 // options shape a test's provider.
 type options struct {
 	records provider.Records // default: memory
@@ -32,8 +35,8 @@ type options struct {
 	rand     func() float64 // default: always 0.5
 	hold     time.Duration  // ResponseLostHold, default 10s
 	attempts int
-	queue    int
-	noRun    bool // the test runs the provider itself
+	window   time.Duration // WebhookWindow, default 10m
+	noRun    bool          // the test runs the provider itself
 }
 
 // hook is one webhook the receiver got.
@@ -45,7 +48,8 @@ type hook struct {
 
 type env struct {
 	p      *provider.Provider
-	base   string // where the routes are mounted
+	cfg    provider.Config // p's, for another provider on the same records and receiver
+	base   string          // where the routes are mounted
 	client *provider.Client
 	hc     *http.Client
 	hooks  chan hook
@@ -62,9 +66,9 @@ func setup(t *testing.T, o options) *env {
 		o.rand = func() float64 { return 0.5 }
 	}
 	cfg := provider.Config{
-		Records: o.records, Secret: secret, Logger: slog.New(slog.DiscardHandler), Rand: o.rand,
-		WebhookAttempts: o.attempts, WebhookBackoff: time.Millisecond, WebhookWorkers: 1,
-		WebhookQueue: o.queue, ResponseLostHold: o.hold,
+		Records: o.records, APIKey: apiKey, Secret: secret, Logger: slog.New(slog.DiscardHandler), Rand: o.rand,
+		WebhookAttempts: o.attempts, WebhookWindow: o.window, WebhookBackoff: time.Millisecond, WebhookWorkers: 1,
+		WebhookPoll: 10 * time.Millisecond, ResponseLostHold: o.hold,
 	}
 	hooks := make(chan hook, 100)
 	if o.webhooks {
@@ -78,20 +82,26 @@ func setup(t *testing.T, o options) *env {
 		t.Fatal(err)
 	}
 	e := serve(t, p)
-	e.hooks = hooks
+	e.hooks, e.cfg = hooks, cfg
 	if !o.noRun {
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p.Run(ctx)
-		}()
-		t.Cleanup(func() {
-			cancel()
-			<-done
-		})
+		run(t, p)
 	}
 	return e
+}
+
+// run runs p until the test ends.
+func run(t *testing.T, p *provider.Provider) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }
 
 // serve mounts p under /provider on a real HTTP server until the test ends.
@@ -102,7 +112,7 @@ func serve(t *testing.T, p *provider.Provider) *env {
 	srv := httptest.NewServer(ech)
 	t.Cleanup(srv.Close)
 	e := &env{p: p, base: srv.URL + "/provider", hc: srv.Client()}
-	e.client = provider.NewClient(e.base, e.hc)
+	e.client = provider.NewClient(e.base, apiKey, e.hc)
 	return e
 }
 
@@ -182,6 +192,7 @@ func (e *env) do(t *testing.T, method, path string, header http.Header, body str
 		t.Fatal(err)
 	}
 	req.GetBody = nil
+	req.Header.Set("Authorization", "Bearer "+apiKey)
 	for k, v := range header {
 		req.Header[k] = v
 	}

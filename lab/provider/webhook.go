@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -40,165 +41,201 @@ type WebhookData struct {
 	Status      string `json:"status"` // "processing", then the capture's status
 }
 
-// webhookJob is what is left to send of one capture's webhooks, in order;
-// attempt counts the tries of the first one.
-type webhookJob struct {
-	sends   []webhookSend
-	attempt int
-}
-
-type webhookSend struct {
-	id, typ string
-	body    []byte
-	forged  bool // signed with a wrong secret
-}
-
 // maxBackoff caps the wait between two attempts of one webhook.
 const maxBackoff = time.Minute
 
-func (p *Provider) webhook(typ, status string, c Capture, created int64) webhookSend {
+// webhookBatch is how many due webhooks a worker claims at once; the lease
+// outlasts their sends (each bounded by the HTTP client's timeout).
+const webhookBatch = 4
+
+// event builds one webhook event of a capture.
+func event(typ, status string, c Capture, created int64) (id string, body []byte) {
 	ev := WebhookEvent{ID: "evt_" + uuid.NewString(), Type: typ, Created: created, Data: WebhookData{
 		CaptureID: c.ID, ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run,
 		AmountCents: c.AmountCents, Currency: c.Currency, Status: status,
 	}}
-	body, _ := json.Marshal(ev) // strings and integers always marshal
-	return webhookSend{id: ev.ID, typ: typ, body: body}
+	body, _ = json.Marshal(ev) // strings and integers always marshal
+	return ev.ID, body
 }
 
-// enqueueWebhooks queues a new capture's webhooks, shaped by its faults:
-// capture.processing, then capture.succeeded or capture.failed.
-func (p *Provider) enqueueWebhooks(ctx context.Context, c Capture, f Faults) {
+// webhooks are the webhooks a new capture owes the lab, in the order they
+// go, shaped by its faults: capture.processing, then capture.succeeded or
+// capture.failed; the records keep them with the capture. None without a
+// WebhookURL.
+func (p *Provider) webhooks(c Capture, f Faults) []Webhook {
 	if p.cfg.WebhookURL == "" {
-		return
+		return nil
 	}
-	created := p.cfg.Clock().Unix()
-	processing := p.webhook(EventCaptureProcessing, "processing", c, created)
+	now := normalTime(p.cfg.Clock())
+	due := now.Add(time.Duration(f.WebhookDelayMS) * time.Millisecond)
+	hook := func(typ, status string) Webhook {
+		id, body := event(typ, status, c, now.Unix())
+		return Webhook{CaptureID: c.ID, EventID: id, Type: typ, ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run, Body: body,
+			State: WebhookPending, NextAttempt: due, GiveUpAt: due.Add(p.cfg.WebhookWindow), CreatedAt: now}
+	}
+	processing := hook(EventCaptureProcessing, "processing")
 	typ := EventCaptureSucceeded
 	if c.Status == StatusFailed {
 		typ = EventCaptureFailed
 	}
-	final := p.webhook(typ, c.Status, c, created)
-	var finals []webhookSend
+	final := hook(typ, c.Status)
+	var finals []Webhook
 	if f.WebhookBadSignature {
 		// The forged copy goes first: a receiver that acted on it would
 		// then take the genuine event for a duplicate.
 		forged := final
-		forged.forged = true
+		forged.Forged = true
 		finals = append(finals, forged)
 	}
 	finals = append(finals, final)
 	if f.WebhookDuplicate {
 		finals = append(finals, final)
 	}
-	var sends []webhookSend
+	var hooks []Webhook
 	if f.WebhookReorder {
-		sends = append(finals, processing)
+		hooks = append(finals, processing)
 	} else {
-		sends = append([]webhookSend{processing}, finals...)
+		hooks = append([]Webhook{processing}, finals...)
 	}
-	p.queueMu.Lock()
-	defer p.queueMu.Unlock()
-	if p.closed {
-		p.counters.webhooksDropped.Add(int64(len(sends)))
-		p.cfg.Logger.InfoContext(ctx, "provider stopped: webhooks dropped", "capture_id", c.ID, "webhooks", len(sends))
-		return
+	for i := range hooks {
+		hooks[i].Seq = i
 	}
+	return hooks
+}
+
+// wakeWorkers tells an idle worker that webhooks were written.
+func (p *Provider) wakeWorkers() {
 	select {
-	case p.queue <- webhookJob{sends: sends}:
-	default:
-		p.counters.webhooksDropped.Add(int64(len(sends)))
-		p.cfg.Logger.WarnContext(ctx, "webhook queue full: webhooks dropped", "capture_id", c.ID, "webhooks", len(sends))
+	case p.wake <- struct{}{}:
+	default: // as many wake-ups as workers are pending already
 	}
 }
 
-// sendWebhooks is one worker: it sends a job's webhooks in order. A
-// webhook to try again later goes back, with what follows it, to the queue
-// after its backoff: no worker ever waits out a backoff, so one namespace's
-// failing webhooks never hold up another's.
+// sendWebhooks is one worker: it claims due webhooks from the records and
+// sends them, until ctx ends. A webhook to try again later goes back to
+// the records, due after its backoff: no worker ever waits one out, so one
+// namespace's failing webhooks never hold up another's. Idle, the worker
+// waits for a capture's wake-up, the soonest backoff it set, or the poll.
 func (p *Provider) sendWebhooks(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
 	for {
+		claimed, soonest := p.sendDue(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if claimed > 0 {
+			continue // more may be due: the next webhook of a capture just delivered
+		}
+		wait := p.cfg.WebhookPoll
+		if !soonest.IsZero() {
+			wait = max(min(wait, soonest.Sub(p.cfg.Clock())), 0)
+		}
+		t.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
-		case j := <-p.queue:
-			p.sendJob(ctx, j)
+		case <-p.wake:
+		case <-t.C:
 		}
 	}
 }
 
-// sendJob sends j's webhooks until one has to wait for another attempt.
-func (p *Provider) sendJob(ctx context.Context, j webhookJob) {
-	for len(j.sends) > 0 {
-		s := j.sends[0]
-		j.attempt++
-		status, err := p.post(ctx, s)
-		switch {
-		case ctx.Err() != nil:
-			p.dropSends(ctx, len(j.sends), s.id)
-			return
-		case err == nil && status >= 200 && status < 300:
-			p.counters.webhooksSent.Add(1)
-		case err == nil && !retryable(status), j.attempt >= p.cfg.WebhookAttempts:
-			if err == nil {
-				p.counters.webhooksRejected.Add(1)
-			}
-			p.counters.webhooksFailed.Add(1)
-			level := p.cfg.Logger.WarnContext
-			if s.forged || err == nil {
-				// The receiver answered and decided: a forged copy refused,
-				// or a charge it does not hold (sent, then rolled back).
-				level = p.cfg.Logger.InfoContext
-			}
-			level(ctx, "webhook given up", "event_id", s.id, "type", s.typ, "forged", s.forged,
-				"attempts", j.attempt, "status", status, "err", err)
-		default:
-			if err == nil {
-				p.counters.webhooksRejected.Add(1)
-			}
-			p.later(ctx, j, p.backoff(j.attempt))
-			return
+// sendDue claims one batch of due webhooks and sends each; it returns how
+// many it claimed and the soonest retry it scheduled (zero if none).
+func (p *Provider) sendDue(ctx context.Context) (int, time.Time) {
+	hooks, err := p.cfg.Records.ClaimWebhooks(ctx, p.cfg.Clock(), webhookBatch, p.cfg.WebhookLease)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.cfg.Logger.WarnContext(ctx, "claiming webhooks failed", "err", err)
 		}
-		j = webhookJob{sends: j.sends[1:]}
+		return 0, time.Time{}
 	}
-}
-
-// later puts j back in the queue after d, unless the provider stopped.
-func (p *Provider) later(ctx context.Context, j webhookJob, d time.Duration) {
-	p.queueMu.Lock()
-	defer p.queueMu.Unlock()
-	if p.closed {
-		p.dropLocked(ctx, len(j.sends), j.sends[0].id)
-		return
+	var soonest time.Time
+	for _, w := range hooks {
+		if ctx.Err() != nil {
+			p.release(ctx, w) // claimed, never tried
+			continue
+		}
+		if next := p.send(ctx, w); !next.IsZero() && (soonest.IsZero() || next.Before(soonest)) {
+			soonest = next
+		}
 	}
-	var t *time.Timer
-	t = time.AfterFunc(d, func() {
-		p.queueMu.Lock()
-		defer p.queueMu.Unlock()
-		delete(p.waiting, t)
-		if p.closed {
-			p.dropLocked(ctx, len(j.sends), j.sends[0].id)
-			return
-		}
-		select {
-		case p.queue <- j:
-		default:
-			p.counters.webhooksDropped.Add(int64(len(j.sends)))
-			p.cfg.Logger.WarnContext(context.WithoutCancel(ctx), "webhook queue full: webhooks dropped", "event_id", j.sends[0].id, "webhooks", len(j.sends))
-		}
-	})
-	p.waiting[t] = len(j.sends)
+	return len(hooks), soonest
 }
 
-func (p *Provider) dropSends(ctx context.Context, n int, id string) {
-	p.queueMu.Lock()
-	defer p.queueMu.Unlock()
-	p.dropLocked(ctx, n, id)
+// send makes one attempt of w and records it; it returns when w is due
+// again, zero when it is delivered, dead or released.
+func (p *Provider) send(ctx context.Context, w Webhook) time.Time {
+	status, err := p.post(ctx, w)
+	if ctx.Err() != nil {
+		p.release(ctx, w)
+		return time.Time{}
+	}
+	// The outcome is recorded even if the provider stops meanwhile.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	now := p.cfg.Clock()
+	if err == nil && status >= 200 && status < 300 {
+		p.counters.webhooksSent.Add(1)
+		p.complete(ctx, w, p.cfg.Records.WebhookDelivered(rctx, w, now, status))
+		return time.Time{}
+	}
+	reason := fmt.Sprintf("answered %d", status)
+	if err != nil {
+		reason = err.Error()
+	} else {
+		p.counters.webhooksRejected.Add(1)
+	}
+	next := now.Add(p.backoff(w.Attempts))
+	var dead string
+	switch {
+	case err == nil && !retryable(status):
+		dead = "an answer not worth retrying"
+	case p.cfg.WebhookAttempts > 0 && w.Attempts >= p.cfg.WebhookAttempts:
+		dead = "its attempts are spent"
+	case next.After(w.GiveUpAt):
+		dead = "its window is over"
+	}
+	if !p.complete(ctx, w, p.cfg.Records.WebhookFailed(rctx, w, next, dead != "", status, reason)) {
+		return time.Time{}
+	}
+	if dead == "" {
+		return next
+	}
+	p.counters.webhooksFailed.Add(1)
+	level := p.cfg.Logger.WarnContext
+	if w.Forged || err == nil {
+		// The receiver answered and decided: a forged copy refused, or a
+		// charge it does not hold (sent, then rolled back).
+		level = p.cfg.Logger.InfoContext
+	}
+	level(ctx, "webhook dead: given up", "why", dead, "event_id", w.EventID, "type", w.Type, "capture_id", w.CaptureID,
+		"forged", w.Forged, "attempts", w.Attempts, "status", status, "err", err)
+	return time.Time{}
 }
 
-// dropLocked counts webhooks never sent because the provider stopped.
-func (p *Provider) dropLocked(ctx context.Context, n int, id string) {
-	p.counters.webhooksDropped.Add(int64(n))
-	p.cfg.Logger.InfoContext(context.WithoutCancel(ctx), "provider stopped: webhooks dropped", "event_id", id, "webhooks", n)
+// release hands a claimed webhook back, due now: the provider stops, and
+// the next Run on the records need not wait out the lease.
+func (p *Provider) release(ctx context.Context, w Webhook) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	p.complete(ctx, w, p.cfg.Records.WebhookFailed(rctx, w, p.cfg.Clock(), false, 0, "interrupted: the provider stopped"))
+}
+
+// complete reports whether an attempt's outcome was recorded. When it was
+// not, the webhook is sent again once its lease ends, which the receiver
+// deduplicates by event id.
+func (p *Provider) complete(ctx context.Context, w Webhook, err error) bool {
+	switch {
+	case errors.Is(err, ErrWebhookFenced):
+		p.cfg.Logger.InfoContext(ctx, "webhook completion refused: claimed again or reset", "event_id", w.EventID, "capture_id", w.CaptureID)
+		return false
+	case err != nil:
+		p.cfg.Logger.WarnContext(ctx, "recording a webhook's attempt failed; it is sent again after its lease", "event_id", w.EventID, "err", err)
+		return false
+	}
+	return true
 }
 
 // retryable says whether an answer outside 2xx is worth another attempt:
@@ -221,21 +258,22 @@ func (p *Provider) backoff(attempt int) time.Duration {
 	return d/2 + time.Duration(p.cfg.Rand()*float64(d/2))
 }
 
-// post makes one attempt and returns the answer's status.
-func (p *Provider) post(ctx context.Context, s webhookSend) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.WebhookURL, bytes.NewReader(s.body))
+// post makes one attempt and returns the answer's status. The body is
+// signed now: a signature is only good for a few minutes.
+func (p *Provider) post(ctx context.Context, w Webhook) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.cfg.WebhookURL, bytes.NewReader(w.Body))
 	if err != nil {
-		return 0, fmt.Errorf("error building webhook %s: %w", s.id, err)
+		return 0, fmt.Errorf("error building webhook %s: %w", w.EventID, err)
 	}
 	secret := p.cfg.Secret
-	if s.forged {
+	if w.Forged {
 		secret = p.forged
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(signature.Header, signature.Sign(secret, p.cfg.Clock(), s.body))
+	req.Header.Set(signature.Header, signature.Sign(secret, p.cfg.Clock(), w.Body))
 	resp, err := p.cfg.HTTPClient.Do(req)
 	if err != nil {
-		return 0, fmt.Errorf("error sending webhook %s: %w", s.id, err)
+		return 0, fmt.Errorf("error sending webhook %s: %w", w.EventID, err)
 	}
 	defer resp.Body.Close()
 	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -168,44 +169,52 @@ func TestWebhooks(t *testing.T) {
 	})
 }
 
-// TestRunStops: Run returns once its workers stopped, dropping (and
-// counting) what was not sent; goleak (TestMain) checks nothing is left.
+// TestRunStops: Run returns once its workers stopped; what it did not
+// deliver stays in the records, and another provider on them delivers it.
+// goleak (TestMain) checks nothing is left running.
 func TestRunStops(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	t.Run("QueuedDropped", func(t *testing.T) {
-		e := setup(t, options{webhooks: true, noRun: true})
-		for i, key := range []string{"k1", "k2"} {
-			if _, _, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, int64(100+i)), ""); err != nil {
+	for _, b := range backends() {
+		t.Run("UndeliveredKept/"+b.name, func(t *testing.T) {
+			e := setup(t, options{webhooks: true, noRun: true, records: b.open(t)})
+			var caps []provider.Capture
+			for i, key := range []string{"k1", "k2"} {
+				c, _, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, int64(100+i)), "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				caps = append(caps, c)
+			}
+			stopped, cancel := context.WithCancel(ctx)
+			cancel()
+			e.p.Run(stopped)
+			e.p.Run(ctx) // a second Run returns at once
+			if c := e.p.Counters(); c.WebhooksSent != 0 {
+				t.Fatalf("counters %+v; want nothing sent", c)
+			}
+			if s := e.stats(t, ""); s.WebhooksQueued != 4 {
+				t.Fatalf("stats %+v; want the 4 webhooks kept", s)
+			}
+			// The next provider on the records sends them, each capture's in order.
+			next, err := provider.New(e.cfg)
+			if err != nil {
 				t.Fatal(err)
 			}
-		}
-		stopped, cancel := context.WithCancel(ctx)
-		cancel()
-		e.p.Run(stopped)
-		if c := e.p.Counters(); c.WebhooksDropped != 4 || c.WebhooksSent != 0 {
-			t.Fatalf("counters %+v; want 4 webhooks dropped", c)
-		}
-		e.p.Run(ctx) // a second Run returns at once
-		// Once stopped, the provider queues nothing more.
-		if _, _, err := e.client.Capture(ctx, "k3", captureReq("acme", "ch_k3", 300), ""); err != nil {
-			t.Fatal(err)
-		}
-		if c := e.p.Counters(); c.WebhooksDropped != 6 {
-			t.Fatalf("webhooks_dropped %d; want 6", c.WebhooksDropped)
-		}
-	})
-	t.Run("QueueFull", func(t *testing.T) {
-		e := setup(t, options{webhooks: true, noRun: true, queue: 1})
-		for _, key := range []string{"k1", "k2"} {
-			if _, _, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, 100), ""); err != nil {
-				t.Fatal(err)
+			run(t, next)
+			got := map[string][]string{}
+			for range 4 {
+				h := e.next(t)
+				got[h.Event.Data.CaptureID] = append(got[h.Event.Data.CaptureID], h.Event.Type)
 			}
-		}
-		if c := e.p.Counters(); c.WebhooksDropped != 2 {
-			t.Fatalf("webhooks_dropped %d; want the second capture's 2", c.WebhooksDropped)
-		}
-	})
+			for _, c := range caps {
+				if want := []string{provider.EventCaptureProcessing, provider.EventCaptureSucceeded}; !slices.Equal(got[c.ID], want) {
+					t.Fatalf("capture %s: webhooks %v, want %v", c.ID, got[c.ID], want)
+				}
+			}
+			eventuallyStats(t, e, "every webhook delivered", func(s provider.Stats) bool { return s.WebhooksQueued == 0 && s.WebhooksDelivered == 4 })
+		})
+	}
 	t.Run("WhileSending", func(t *testing.T) {
 		// The receiver holds every webhook until its request ends (which
 		// the server notices once the body was read).
@@ -216,7 +225,8 @@ func TestRunStops(t *testing.T) {
 			<-r.Context().Done()
 		}))
 		t.Cleanup(recv.Close)
-		p, err := provider.New(provider.Config{Records: provider.NewMemory(), Secret: secret, WebhookURL: recv.URL,
+		records := provider.NewMemory()
+		p, err := provider.New(provider.Config{Records: records, APIKey: apiKey, Secret: secret, WebhookURL: recv.URL,
 			HTTPClient: recv.Client(), Logger: slog.New(slog.DiscardHandler), WebhookWorkers: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -238,12 +248,17 @@ func TestRunStops(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatal("Run did not return")
 		}
-		if c := p.Counters(); c.WebhooksDropped != 2 || c.WebhooksFailed != 0 {
-			t.Fatalf("counters %+v; want the interrupted webhook and the next dropped", c)
+		if c := p.Counters(); c.WebhooksFailed != 0 || c.WebhooksSent != 0 {
+			t.Fatalf("counters %+v; want nothing given up", c)
+		}
+		// The interrupted webhook was released, due now, and the next waits behind it.
+		claimed, err := records.ClaimWebhooks(ctx, time.Now(), 10, time.Minute)
+		if err != nil || len(claimed) != 1 || claimed[0].Type != provider.EventCaptureProcessing || claimed[0].Attempts != 2 {
+			t.Fatalf("claimable after the stop: %+v, %v; want the interrupted processing webhook", claimed, err)
 		}
 	})
 	t.Run("HeldAnswerLetGo", func(t *testing.T) {
-		p, err := provider.New(provider.Config{Records: provider.NewMemory(), Logger: slog.New(slog.DiscardHandler)})
+		p, err := provider.New(provider.Config{Records: provider.NewMemory(), APIKey: apiKey, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,4 +284,61 @@ func TestRunStops(t *testing.T) {
 			t.Fatal("the withheld answer was not let go when the provider stopped")
 		}
 	})
+}
+
+// eventuallyStats waits until the records' figures satisfy ok: a
+// webhook's completion is recorded after the receiver answered it.
+func eventuallyStats(t *testing.T, e *env, what string, ok func(provider.Stats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for s := e.stats(t, ""); !ok(s); s = e.stats(t, "") {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v never showed %s", s, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestWebhookWindow: a webhook the lab never acknowledges is retried with
+// backoff until its window ends, then dead, counted and kept in the
+// records; the next one of its capture follows it.
+func TestWebhookWindow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, options{webhooks: true, window: 100 * time.Millisecond, answer: func(hook) int { return http.StatusServiceUnavailable }})
+	c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]int{}
+	for seen[provider.EventCaptureSucceeded] == 0 {
+		h := e.next(t)
+		if h.Event.Data.CaptureID != c.ID {
+			t.Fatalf("webhook of another capture: %+v", h.Event)
+		}
+		seen[h.Event.Type]++
+	}
+	if seen[provider.EventCaptureProcessing] < 2 {
+		t.Fatalf("processing sent %d times before the final one: want retries within its window", seen[provider.EventCaptureProcessing])
+	}
+	e.eventually(t, "both given up", func(c provider.Counters) bool { return c.WebhooksFailed == 2 && c.WebhooksSent == 0 })
+	if s := e.stats(t, "acme"); s.WebhooksDead != 2 || s.WebhooksQueued != 0 {
+		t.Fatalf("stats %+v; want both webhooks dead", s)
+	}
+}
+
+// TestWebhookDelay: webhook_delay_ms holds a capture's webhooks back.
+func TestWebhookDelay(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	e := setup(t, options{webhooks: true})
+	start := time.Now()
+	c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_delay_ms=300")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Fatalf("the webhooks came after %s, before their 300ms delay", took)
+	}
 }

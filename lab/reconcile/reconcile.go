@@ -23,7 +23,17 @@ const (
 	StateMismatch   = "state_mismatch"     // the ledger's payment state contradicts the capture
 	AwaitingWebhook = "awaiting_webhook"   // captured, the charge still pending: no verified webhook yet
 	InFlight        = "delivery_in_flight" // the outbox has not delivered it yet
+	WebhookMismatch = "webhook_mismatch"   // a verified webhook did not match it (amount, currency, capture): recorded, moved nothing
+	Stuck           = "stuck"              // captured longer ago than the bound, the charge still pending: its webhook is not coming
 )
+
+// Bounds say when a captured charge still pending stops settling and is
+// stuck: StuckAfter past its capture, at Now. A zero StuckAfter judges no
+// charge stuck.
+type Bounds struct {
+	Now        time.Time
+	StuckAfter time.Duration
+}
 
 // Finding is one charge on which the ledger and the provider disagree.
 type Finding struct {
@@ -50,11 +60,18 @@ type Report struct {
 	Note      string    `json:"note"`
 }
 
-// Compare compares the two sides. When the ledger's list was cut at its
-// limit, captures older than its oldest charge are not judged; when the
-// captures were, charges older than the oldest capture without one in the
-// list are not judged either.
+// Compare compares the two sides, judging no charge stuck. When the
+// ledger's list was cut at its limit, captures older than its oldest charge
+// are not judged; when the captures were, charges older than the oldest
+// capture without one in the list are not judged either.
 func Compare(payments []lab.Payment, captures []provider.Capture, paymentsCut, capturesCut bool) Report {
+	return CompareWithin(payments, captures, paymentsCut, capturesCut, Bounds{})
+}
+
+// CompareWithin compares as Compare does, and reports a captured charge
+// still pending after b.StuckAfter as stuck, a disagreement, rather than
+// as still settling.
+func CompareWithin(payments []lab.Payment, captures []provider.Capture, paymentsCut, capturesCut bool, b Bounds) Report {
 	rep := Report{ChargesChecked: len(payments), CapturesChecked: len(captures), Findings: []Finding{},
 		Note: "each charge should be captured exactly once, for its amount, and reach the capture's state through a verified webhook"}
 	byCharge := map[string][]provider.Capture{}
@@ -83,6 +100,9 @@ func Compare(payments []lab.Payment, captures []provider.Capture, paymentsCut, c
 		switch {
 		case len(caps) > 1:
 			f.Problem, f.Detail = CapturedTwice, fmt.Sprintf("the provider captured this charge %d times", len(caps))
+		case p.Mismatched > 0:
+			f.Problem = WebhookMismatch
+			f.Detail = fmt.Sprintf("%d verified webhook(s) did not match the charge and moved nothing; the latest: %s", p.Mismatched, p.Mismatch)
 		case len(caps) == 0 && !settled:
 			f.Problem, f.Detail = InFlight, "the relay has not delivered its capture yet"
 		case len(caps) == 0:
@@ -90,6 +110,10 @@ func Compare(payments []lab.Payment, captures []provider.Capture, paymentsCut, c
 		case caps[0].AmountCents != p.AmountCents || caps[0].Currency != p.Currency:
 			f.Problem = AmountMismatch
 			f.Detail = fmt.Sprintf("ledger %d %s, provider %d %s", p.AmountCents, p.Currency, caps[0].AmountCents, caps[0].Currency)
+		case p.State == lab.PaymentPending && b.StuckAfter > 0 && b.Now.Sub(caps[0].CreatedAt) > b.StuckAfter:
+			f.Problem = Stuck
+			f.Detail = fmt.Sprintf("captured (%s) %s ago, more than %s, and still pending: no verified webhook has moved it; "+
+				"see the provider's dead webhooks", caps[0].Status, b.Now.Sub(caps[0].CreatedAt).Round(time.Second), b.StuckAfter)
 		case p.State == lab.PaymentPending:
 			f.Problem, f.Detail = AwaitingWebhook, "captured ("+caps[0].Status+"); no verified webhook has moved the charge yet"
 		case p.State != caps[0].Status:

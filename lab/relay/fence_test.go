@@ -71,7 +71,7 @@ func TestLateWorkerIsFenced(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			ev := charge(t, b, c, "k-late")
 			rec := newCounting(rcv)
@@ -192,7 +192,7 @@ func TestRelaysShareOneOutbox(t *testing.T) {
 	const events = 200
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			for i := range events {
 				charge(t, b, c, fmt.Sprintf("k-share-%d", i))
 			}
@@ -260,7 +260,7 @@ func TestRequeue(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			ev := charge(t, b, c, "k-requeue")
 			p := &flaky{Provider: rcv}
@@ -316,7 +316,7 @@ func TestBackoffIsCappedWithJitter(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			charge(t, b, c, "k-backoff")
 			p := &flaky{Provider: rcv}

@@ -4,23 +4,25 @@ import (
 	"context"
 	"testing"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/delivery"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
 
 // receiver is the payment provider over real HTTP, keeping its records in
-// memory, and the delivery the relay makes to it.
+// memory, and the delivery the relay makes to it, which records each
+// capture in the books.
 type receiver struct {
 	*delivery.Provider
 	records  *provider.Memory
 	provider *provider.Provider
 }
 
-func newReceiver(t *testing.T) *receiver {
+func newReceiver(t *testing.T, books lab.CaptureRecorder) *receiver {
 	t.Helper()
 	ps := labtest.StartProvider(t)
-	return &receiver{Provider: delivery.New(ps.Client), records: ps.Records, provider: ps.Provider}
+	return &receiver{Provider: delivery.New(ps.Client, books), records: ps.Records, provider: ps.Provider}
 }
 
 // receipts counts a run's distinct receipts and their deliveries at the

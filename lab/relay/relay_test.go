@@ -18,6 +18,7 @@ import (
 // books is what the relay and these tests use of the ground truth.
 type books interface {
 	lab.Ledger
+	lab.CaptureRecorder
 	relay.Outbox
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
@@ -70,7 +71,13 @@ func newRelayWith(t *testing.T, b books, p relay.Provider, c *labtest.Clock, cfg
 
 func charge(t *testing.T, b books, c *labtest.Clock, key string) lab.Event {
 	t.Helper()
-	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 100, Currency: "USD"}
+	return chargeCents(t, b, c, key, 100)
+}
+
+// chargeCents charges cents USD to acme's acct-1 under key, with its event.
+func chargeCents(t *testing.T, b books, c *labtest.Clock, key string, cents int64) lab.Event {
+	t.Helper()
+	req := lab.ChargeRequest{Account: "acct-1", AmountCents: cents, Currency: "USD"}
 	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: "memory", Run: "run-relay"}
 	e := lab.NewEntry(a, c.Now())
 	ev := lab.NewReceiptEvent(e, lab.Faults{})
@@ -84,7 +91,7 @@ func TestRelayRetriesThenDelivers(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			charge(t, b, c, "k1")
 			p := &flaky{Provider: rcv}
@@ -119,7 +126,7 @@ func TestRelayGivesUpVisibly(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			charge(t, b, c, "k-dead")
 			p := &flaky{Provider: rcv}
@@ -149,7 +156,7 @@ func TestProviderDeduplicates(t *testing.T) {
 	all, c := setup(t)
 	for name, b := range all {
 		t.Run(name, func(t *testing.T) {
-			rcv := newReceiver(t)
+			rcv := newReceiver(t, b)
 			ev := charge(t, b, c, "k-dup")
 			for i, wantDup := range []bool{false, true, true} {
 				dup, err := rcv.Deliver(t.Context(), ev)
@@ -167,7 +174,7 @@ func TestProviderDeduplicates(t *testing.T) {
 func TestRunStopsOnCancel(t *testing.T) {
 	c := labtest.NewClock(time.Now())
 	b := inmem.NewBooks(c.Now)
-	r := newRelay(t, b, newReceiver(t), c, 8)
+	r := newRelay(t, b, newReceiver(t, b), c, 8)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
@@ -199,7 +206,7 @@ func TestNewRejectsBadSettings(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			cfg := relay.Defaults()
-			cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, newReceiver(t), c.Now, slog.New(slog.DiscardHandler)
+			cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, newReceiver(t, b), c.Now, slog.New(slog.DiscardHandler)
 			mutate(&cfg)
 			if _, err := relay.New(cfg); err == nil {
 				t.Fatal("accepted")
@@ -228,7 +235,7 @@ func TestHeldRelayClaimsNothingUntilResumed(t *testing.T) {
 	charge(t, b.books, c, "k-held")
 	cfg := relay.Defaults()
 	cfg.Interval = time.Millisecond
-	r := newRelayWith(t, b, newReceiver(t), c, cfg)
+	r := newRelayWith(t, b, newReceiver(t, b), c, cfg)
 	r.Hold(true)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
