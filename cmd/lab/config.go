@@ -11,7 +11,6 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
-	"github.com/idempotency-lab/lab/lab/httpserve"
 )
 
 // setting binds one app.Config field to a flag and an environment variable.
@@ -205,25 +204,13 @@ func (t *tenants) Set(v string) error {
 	return nil
 }
 
-// timeoutFlags declares on fs the server timeouts every command that serves
-// takes (lab serve has them among its settings), read from the same flags
-// and environment variables, with the same defaults.
-func timeoutFlags(fs *flag.FlagSet) (*httpserve.Timeouts, error) {
-	t := httpserve.DefaultTimeouts()
-	for _, s := range []struct {
-		flag, env, usage string
-		d                *time.Duration
-	}{
-		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request (slow clients are closed)", &t.Read},
-		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange", &t.Write},
-		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this", &t.Idle},
-	} {
-		if v := env(s.env, ""); v != "" {
-			if err := (*duration)(s.d).Set(v); err != nil {
-				return nil, fmt.Errorf("environment variable %s: %w", s.env, err)
-			}
-		}
-		fs.Var((*duration)(s.d), s.flag, s.usage+" (env "+s.env+")")
+// timeoutSettings are the server timeouts every command that serves takes
+// (lab serve has them among its settings), under the same flags and
+// environment variables.
+func timeoutSettings(c *app.Config) []setting {
+	return []setting{
+		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request, so slow clients are closed (env LAB_READ_TIMEOUT)", (*duration)(&c.ReadTimeout)},
+		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange (env LAB_WRITE_TIMEOUT)", (*duration)(&c.WriteTimeout)},
+		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this (env LAB_IDLE_TIMEOUT)", (*duration)(&c.IdleTimeout)},
 	}
-	return &t, nil
 }

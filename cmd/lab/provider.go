@@ -10,11 +10,11 @@ import (
 	"net/http"
 	"os"
 	"sync"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
@@ -37,12 +37,9 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	// The lab's own servers' timeouts, and its provider's webhook window,
 	// under the same names.
 	d := app.DefaultConfig()
-	if err := declare(fs, []setting{
-		{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long an unacknowledged webhook is retried before it is dead (env LAB_WEBHOOK_WINDOW)", (*duration)(&d.WebhookWindow)},
-		{"read-timeout", "LAB_READ_TIMEOUT", "bound on reading a whole request (env LAB_READ_TIMEOUT)", (*duration)(&d.ReadTimeout)},
-		{"write-timeout", "LAB_WRITE_TIMEOUT", "bound on a whole exchange (env LAB_WRITE_TIMEOUT)", (*duration)(&d.WriteTimeout)},
-		{"idle-timeout", "LAB_IDLE_TIMEOUT", "idle keep-alive connections are closed after this (env LAB_IDLE_TIMEOUT)", (*duration)(&d.IdleTimeout)},
-	}, os.LookupEnv); err != nil {
+	if err := declare(fs, append(timeoutSettings(&d),
+		setting{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long an unacknowledged webhook is retried before it is dead (env LAB_WEBHOOK_WINDOW)", (*duration)(&d.WebhookWindow)},
+	), os.LookupEnv); err != nil {
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
@@ -82,10 +79,7 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	p.Register(e.Group("/provider"))
-	srv := &http.Server{
-		Handler: e, ReadHeaderTimeout: min(d.ReadTimeout, 5*time.Second), ReadTimeout: d.ReadTimeout,
-		WriteTimeout: d.WriteTimeout, IdleTimeout: d.IdleTimeout, MaxHeaderBytes: 16 << 10, // as the lab's servers
-	}
+	srv := httpserve.New(e, d.Timeouts())
 	work, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(work) })

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/front"
 	"github.com/idempotency-lab/lab/lab/httpserve"
 )
@@ -25,14 +26,12 @@ func runProxy(ctx context.Context, args []string, stderr io.Writer) error {
 	targets := fs.String("targets", env("LAB_PROXY_TARGETS", ""), "replica base URLs, comma-separated (env LAB_PROXY_TARGETS)")
 	interval := fs.Duration("health-interval", time.Second, "how often each replica's /health is checked")
 	level := fs.String("log-level", env("LAB_LOG_LEVEL", "info"), "debug, info, warn or error (env LAB_LOG_LEVEL)")
-	timeouts, err := timeoutFlags(fs)
-	if err != nil {
+	// The lab's servers' timeouts, under the same names.
+	d := app.DefaultConfig()
+	if err := declare(fs, timeoutSettings(&d), os.LookupEnv); err != nil {
 		return err
 	}
 	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if err := timeouts.Check(); err != nil {
 		return err
 	}
 	log, err := newLogger(stderr, *level)
@@ -54,7 +53,7 @@ func runProxy(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("error listening on %s: %w", *addr, err)
 	}
-	srv := httpserve.New(f.Handler(), *timeouts)
+	srv := httpserve.New(f.Handler(), d.Timeouts())
 	checks, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { f.Run(checks) })

@@ -95,8 +95,6 @@ type App struct {
 	bg     sync.WaitGroup
 }
 
-// maxHeaderBytes bounds a request's headers: the lab's need a few hundred bytes.
-const maxHeaderBytes = httpserve.MaxHeaderBytes
 
 // replica is one server with its own process-local state.
 type replica struct {

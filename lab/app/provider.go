@@ -14,6 +14,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/delivery"
+	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
@@ -81,10 +82,7 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) 
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	p.Register(e.Group("/provider"))
-	srv := &http.Server{
-		Handler: e, ReadHeaderTimeout: min(a.cfg.ReadTimeout, 5*time.Second), ReadTimeout: a.cfg.ReadTimeout,
-		WriteTimeout: a.cfg.WriteTimeout, IdleTimeout: a.cfg.IdleTimeout, MaxHeaderBytes: maxHeaderBytes,
-	}
+	srv := httpserve.New(e, a.cfg.Timeouts())
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
