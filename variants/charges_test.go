@@ -29,7 +29,7 @@ import (
 // TestMain fails the package when a test leaves a goroutine behind: every
 // lab, replica, relay, sweeper and pool must stop on Close.
 func TestMain(m *testing.M) {
-	code := m.Run()
+	code := labtest.WithServices(m).Run()
 	// Idle keep-alive connections of the tests' own client are not the lab's.
 	http.DefaultClient.CloseIdleConnections()
 	if code == 0 {

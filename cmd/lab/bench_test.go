@@ -17,7 +17,7 @@ import (
 )
 
 // TestBenchSmoke runs `lab bench -smoke` as the command does, on memory and
-// unsafe, and on postgres and redis when their services are configured (a
+// unsafe, and on postgres and redis when the test binary has them (a
 // schema and a key prefix of the test's own). It holds the run to what the
 // bench promises: every phase ran, every ledger check held, every path
 // moved. It never asserts a speed: the machine decides those.
@@ -25,14 +25,11 @@ func TestBenchSmoke(t *testing.T) {
 	stores := []lab.StoreName{"unsafe", "memory"}
 	out := filepath.Join(t.TempDir(), "bench.json")
 	args := []string{"bench", "-smoke", "-json", out, "-embedded-postgres", "off", "-embedded-redis", "off"}
-	require := os.Getenv("LAB_REQUIRE_SERVICES") == "1"
-	if require || os.Getenv("DATABASE_URL") != "" {
-		dbURL, schema := labtest.Postgres(t)
+	if dbURL, schema, ok := labtest.OptionalPostgres(t); ok {
 		args = append(args, "-database-url", dbURL, "-pg-schema", schema)
 		stores = append(stores, "postgres")
 	}
-	if require || os.Getenv("REDIS_URL") != "" {
-		redisURL, prefix := labtest.Redis(t)
+	if redisURL, prefix, ok := labtest.OptionalRedis(t); ok {
 		args = append(args, "-redis-url", redisURL, "-redis-prefix", prefix)
 		stores = append(stores, "redis")
 	}

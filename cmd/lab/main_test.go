@@ -2,11 +2,14 @@ package main
 
 import (
 	"io"
+	"os"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
+
+func TestMain(m *testing.M) { os.Exit(labtest.WithServices(m).Run()) }
 
 // startLab runs the lab the command builds (NewMain: the defaults and every
 // built-in variant) on a free loopback port, with no embedded services,

@@ -28,7 +28,7 @@ func TestZeroConfigServe(t *testing.T) {
 		if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
 			t.Fatalf("PostgreSQL server binaries are required: %v", err)
 		}
-		t.Skipf("PostgreSQL server binaries are not installed: %v", err)
+		t.Skip("PostgreSQL's server binaries (initdb, postgres) are not installed: apt-get install postgresql")
 	}
 	bin := buildLab(t)
 	port := freePorts(t, 1)[0]

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -155,8 +154,8 @@ func TestCeilingTools(t *testing.T) {
 	dbURL := labtest.ServiceURL(t, "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
 	b := &bencher{cfg: Config{ID: NewID(), Duration: 200 * time.Millisecond, Connections: 2, External: true, DatabaseURL: dbURL}}
 	ceilings := b.pgbench(context.Background())
-	if os.Getenv("REDIS_URL") != "" || os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
-		b.cfg.RedisURL, b.cfg.RedisPrefix = labtest.Redis(t)
+	if url, prefix, ok := labtest.OptionalRedis(t); ok {
+		b.cfg.RedisURL, b.cfg.RedisPrefix = url, prefix
 		ceilings = append(ceilings, b.redisBenchmark(context.Background())...)
 	}
 	for _, c := range ceilings {

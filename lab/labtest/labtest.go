@@ -1,5 +1,6 @@
 // Package labtest gives tests the real services (each test its own
-// PostgreSQL schema and Redis prefix) and talks to labs over HTTP.
+// PostgreSQL schema and Redis prefix), started for the test binary by
+// WithServices when none is configured, and talks to labs over HTTP.
 package labtest
 
 import (
@@ -31,20 +32,41 @@ const (
 	Globex = "demo-token-globex"
 )
 
-// ServiceURL returns the URL of a service from the environment. When it is
-// missing the test is skipped with the reason, or fails when
-// LAB_REQUIRE_SERVICES=1 (as in CI).
+// ServiceURL returns the URL of a service from the environment, where
+// WithServices puts the ones it starts. When it is missing the test is
+// skipped with the reason, or fails when LAB_REQUIRE_SERVICES=1 (as in CI).
 func ServiceURL(tb testing.TB, env, example string) string {
 	tb.Helper()
 	if v := os.Getenv(env); v != "" {
 		return v
 	}
-	msg := env + " is not set (e.g. " + env + "=" + example + "): this test needs the real service"
+	msg := os.Getenv(whyEnv(env))
+	if msg == "" {
+		msg = env + " is not set (e.g. " + env + "=" + example + ") and this test binary started no such service " +
+			"(its TestMain runs the tests through labtest.WithServices)"
+	}
+	msg = "this test needs the real service: " + msg
 	if os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
 		tb.Fatal(msg + "; LAB_REQUIRE_SERVICES=1 makes that a failure")
 	}
 	tb.Skip(msg)
 	return ""
+}
+
+// optional reports whether the service at env is there, for a test that
+// also runs without it, logging why not; under LAB_REQUIRE_SERVICES=1 it
+// is always there, and ServiceURL then fails the test when it is missing.
+func optional(tb testing.TB, env string) bool {
+	tb.Helper()
+	if os.Getenv(env) != "" || os.Getenv("LAB_REQUIRE_SERVICES") == "1" {
+		return true
+	}
+	why := os.Getenv(whyEnv(env))
+	if why == "" {
+		why = env + " is not set"
+	}
+	tb.Log("without " + env + ": " + why)
+	return false
 }
 
 // Reply is one HTTP answer.
@@ -92,7 +114,7 @@ func Charge(tb testing.TB, base string, store lab.StoreName, token, key, body st
 // the test ends, so tests never touch each other's rows (or anyone else's).
 func Postgres(tb testing.TB) (url, schema string) {
 	tb.Helper()
-	url = ServiceURL(tb, "DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+	url = ServiceURL(tb, databaseURL, databaseExample)
 	schema = "lab_test_" + strings.ReplaceAll(uuid.NewString()[:13], "-", "")
 	tb.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -114,7 +136,7 @@ func Postgres(tb testing.TB) (url, schema string) {
 // keys are deleted when it ends, and nothing else is touched.
 func Redis(tb testing.TB) (url, prefix string) {
 	tb.Helper()
-	url = ServiceURL(tb, "REDIS_URL", "redis://127.0.0.1:6379/0")
+	url = ServiceURL(tb, redisURL, redisExample)
 	prefix = "lab-test-" + uuid.NewString()[:8] + ":"
 	tb.Cleanup(func() {
 		opts, err := goredis.ParseURL(url)
@@ -132,6 +154,28 @@ func Redis(tb testing.TB) (url, prefix string) {
 		}
 	})
 	return url, prefix
+}
+
+// OptionalPostgres is Postgres for a test that also runs without
+// PostgreSQL: ok is false, with the reason logged, when there is none.
+func OptionalPostgres(tb testing.TB) (url, schema string, ok bool) {
+	tb.Helper()
+	if !optional(tb, databaseURL) {
+		return "", "", false
+	}
+	url, schema = Postgres(tb)
+	return url, schema, true
+}
+
+// OptionalRedis is Redis for a test that also runs without Redis: ok is
+// false, with the reason logged, when there is none.
+func OptionalRedis(tb testing.TB) (url, prefix string, ok bool) {
+	tb.Helper()
+	if !optional(tb, redisURL) {
+		return "", "", false
+	}
+	url, prefix = Redis(tb)
+	return url, prefix, true
 }
 
 // LostCommit is a ledger whose Apply commits, then reports a lost

@@ -32,7 +32,7 @@ type server struct {
 	cmd  *exec.Cmd // nil for a server the lab was given
 	dir  string
 	addr string
-	done chan struct{}
+	done <-chan struct{}
 }
 
 // ConnectPair uses two running servers, one replicating the other (their
@@ -105,7 +105,24 @@ func StartPair(ctx context.Context) (*Pair, error) {
 	return p, nil
 }
 
+// startServer runs one redis-server on a free loopback port and returns
+// once it answers; another process taking the port first is retried.
 func startServer(ctx context.Context, bin, replicaOf string) (*server, error) {
+	for attempt := 1; ; attempt++ {
+		s, err := tryServer(ctx, bin, replicaOf)
+		if !errors.Is(err, errPortTaken) || attempt == portAttempts {
+			return s, err
+		}
+	}
+}
+
+// portAttempts is how often a start is tried when another process took the port.
+const portAttempts = 3
+
+// errPortTaken marks a start that lost its port to another process.
+var errPortTaken = errors.New("the port was taken")
+
+func tryServer(ctx context.Context, bin, replicaOf string) (*server, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, err
@@ -122,26 +139,45 @@ func startServer(ctx context.Context, bin, replicaOf string) (*server, error) {
 		args = append(args, "--replicaof", host, rport)
 	}
 	cmd := exec.Command(bin, args...) // outlives ctx: stopped by Close
-	if err := cmd.Start(); err != nil {
+	done, err := spawn(cmd)
+	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("error starting redis-server: %w", err)
 	}
-	s := &server{cmd: cmd, dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.done) }()
+	s := &server{cmd: cmd, dir: dir, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), done: done}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c := goredis.NewClient(&goredis.Options{Addr: s.addr})
-		err := c.Ping(ctx).Err()
-		_ = c.Close()
+		err := s.ours(ctx)
 		if err == nil {
 			return s, nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
+		if errors.Is(err, errPortTaken) || time.Now().After(deadline) || ctx.Err() != nil {
 			s.stop()
 			return nil, fmt.Errorf("redis-server on %s did not answer: %w", s.addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// ours checks the server answering on s's port is the process s started,
+// so a stranger that took the port first is not mistaken for it.
+func (s *server) ours(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return fmt.Errorf("redis-server exited before answering (%w?)", errPortTaken)
+	default:
+	}
+	info, err := admin(ctx, s.addr, "INFO", "server")
+	if err != nil {
+		return err
+	}
+	pid := "process_id:" + strconv.Itoa(s.cmd.Process.Pid)
+	for line := range strings.Lines(info) {
+		if strings.TrimSpace(line) == pid {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: another server answers on %s", errPortTaken, s.addr)
 }
 
 func freePort() (int, error) {

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
 // rapidChecks bounds the state machine: every check of a real backend costs
@@ -25,7 +27,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(labtest.WithServices(m))
 }
 
 // boundRapid lowers rapid's number of checks unless the caller chose one.

@@ -312,7 +312,7 @@ func TestReplicasMigrateTogether(t *testing.T) {
 	wg.Wait()
 }
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(labtest.WithServices(m)) }
 
 // TestReplayDoesNotLockTheKey: replays read the committed row without
 // locking it, so they never queue behind each other (or behind anything

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,10 +19,11 @@ import (
 	"github.com/idempotency-lab/lab/variants/redis"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(labtest.WithServices(m)) }
 
 // servers are the Redis servers every test runs against: the embedded one
-// always, the real one from REDIS_URL (required under LAB_REQUIRE_SERVICES=1).
+// always, and the real one at REDIS_URL, the machine's or the test
+// binary's own (labtest.WithServices), when there is one.
 func servers(t *testing.T) map[string]string {
 	t.Helper()
 	e, err := redisdb.StartEmbedded()
@@ -32,11 +32,9 @@ func servers(t *testing.T) map[string]string {
 	}
 	t.Cleanup(e.Close)
 	out := map[string]string{"embedded": e.URL()}
-	if os.Getenv("REDIS_URL") == "" && os.Getenv("LAB_REQUIRE_SERVICES") != "1" {
-		t.Log("REDIS_URL is not set: testing against the embedded Redis only")
-		return out
+	if url, _, ok := labtest.OptionalRedis(t); ok {
+		out["real"] = url
 	}
-	out["real"], _ = labtest.Redis(t)
 	return out
 }
 
@@ -312,10 +310,9 @@ func (nopLedger) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 	return lab.Charge{ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency, BalanceCents: e.AmountCents, CreatedAt: e.CreatedAt}, nil
 }
 
-// benchServer is the real Redis when REDIS_URL is set, else the embedded one.
+// benchServer is the real Redis when there is one, else the embedded one.
 func benchServer(b *testing.B) string {
-	if os.Getenv("REDIS_URL") != "" {
-		url, _ := labtest.Redis(b)
+	if url, _, ok := labtest.OptionalRedis(b); ok {
 		return url
 	}
 	e, err := redisdb.StartEmbedded()

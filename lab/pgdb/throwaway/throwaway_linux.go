@@ -110,6 +110,8 @@ type Cluster struct {
 	port   int
 	pid    int
 	srv    *server
+	// settings are the caller's extra server settings, name=value.
+	settings []string
 
 	closeOnce sync.Once
 	closeErr  error
@@ -119,7 +121,9 @@ type Cluster struct {
 // loopback port with trust auth, database "lab" and superuser "postgres",
 // and returns once it accepts connections. As root, the server runs as the
 // user postgres (or nobody), because PostgreSQL refuses to run as root.
-func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
+// Each of settings is a server setting, name=value, applied after the
+// defaults, so it may override them (as max_connections=300).
+func Start(ctx context.Context, logger *slog.Logger, settings ...string) (*Cluster, error) {
 	binDir, err := Find()
 	if err != nil {
 		return nil, err
@@ -136,7 +140,7 @@ func Start(ctx context.Context, logger *slog.Logger) (*Cluster, error) {
 	if err != nil {
 		return nil, fmt.Errorf("error creating temp directory for PostgreSQL: %w", err)
 	}
-	c := &Cluster{logger: logger, dir: dir}
+	c := &Cluster{logger: logger, dir: dir, settings: settings}
 	if err := c.start(ctx, binDir, cred); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
@@ -202,7 +206,7 @@ func (c *Cluster) startServer(ctx context.Context, binDir, dataDir string, cred 
 		return err
 	}
 	logStart := c.logSize()
-	cmd := exec.Command(filepath.Join(binDir, "postgres"),
+	args := []string{
 		"-D", dataDir,
 		"-p", strconv.Itoa(port),
 		"-k", c.dir,
@@ -212,7 +216,11 @@ func (c *Cluster) startServer(ctx context.Context, binDir, dataDir string, cred 
 		"-c", "fsync=off",
 		"-c", "synchronous_commit=off",
 		"-c", "full_page_writes=off",
-	)
+	}
+	for _, s := range c.settings {
+		args = append(args, "-c", s) // the last -c of a name wins
+	}
+	cmd := exec.Command(filepath.Join(binDir, "postgres"), args...)
 	srv, err := c.spawn(cmd, cred)
 	if err != nil {
 		return fmt.Errorf("error starting postgres: %w", err)

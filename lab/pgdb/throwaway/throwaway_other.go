@@ -20,7 +20,7 @@ type Cluster struct{}
 func Find() (string, error) { return "", errUnsupported }
 
 // Start reports that no throwaway cluster can run here.
-func Start(context.Context, *slog.Logger) (*Cluster, error) { return nil, errUnsupported }
+func Start(context.Context, *slog.Logger, ...string) (*Cluster, error) { return nil, errUnsupported }
 
 // URL is empty: there is no cluster.
 func (c *Cluster) URL() string { return "" }

@@ -52,7 +52,7 @@ func TestStartUseClose(t *testing.T) {
 	defer cancel()
 	logger := slog.New(slog.NewTextHandler(t.Output(), nil))
 
-	c, err := throwaway.Start(ctx, logger)
+	c, err := throwaway.Start(ctx, logger, "max_connections=300")
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -88,6 +88,10 @@ func TestStartUseClose(t *testing.T) {
 	}
 	if db != "lab" {
 		t.Errorf("current_database() = %q, want lab", db)
+	}
+	var maxConns string
+	if err := conn.QueryRow(ctx, "SHOW max_connections").Scan(&maxConns); err != nil || maxConns != "300" {
+		t.Errorf("max_connections = %q, %v; want the 300 asked, over the default 200", maxConns, err)
 	}
 	if _, err := conn.Exec(ctx, "CREATE TABLE t (id int PRIMARY KEY, v text)"); err != nil {
 		t.Fatalf("create table: %v", err)
