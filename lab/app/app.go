@@ -95,7 +95,6 @@ type App struct {
 	bg     sync.WaitGroup
 }
 
-
 // replica is one server with its own process-local state.
 type replica struct {
 	name   string
