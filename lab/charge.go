@@ -19,6 +19,7 @@ func NewEntry(a Attempt, now time.Time) Entry {
 	}
 	return Entry{
 		ChargeID:    id,
+		Namespace:   a.Scope.Namespace,
 		Tenant:      a.Scope.Tenant,
 		Account:     a.Request.Account,
 		AmountCents: a.Request.AmountCents,
@@ -60,7 +61,7 @@ func NewReceiptEvent(e Entry, f Faults) *Event {
 		Currency: e.Currency, CaptureKey: mode})
 	return &Event{
 		ID: uuid.NewString(), Type: EventReceiptEmail, ChargeID: e.ChargeID,
-		Tenant: e.Tenant, Run: e.Run, Payload: payload, State: EventPending,
+		Namespace: e.Namespace, Tenant: e.Tenant, Run: e.Run, Payload: payload, State: EventPending,
 		NextAttempt: e.CreatedAt, CreatedAt: e.CreatedAt,
 	}
 }

@@ -229,13 +229,13 @@ type Region struct {
 
 // Covers reports whether the region holds the scope's key.
 func (r Region) Covers(sc Scope) bool {
-	return r.Namespace.Owns(sc.Tenant) && strings.HasPrefix(sc.Key, r.KeyPrefix)
+	return r.Namespace.Includes(sc.Namespace) && strings.HasPrefix(sc.Key, r.KeyPrefix)
 }
 
 // CrashRegion is what a crash of attempt a forgets on a store that keeps
 // its keys in the process: its namespace's, or the confined part of it.
 func CrashRegion(a Attempt) Region {
-	return Region{Namespace: NamespaceOf(a.Scope.Tenant), KeyPrefix: a.Faults.Confine}
+	return Region{Namespace: a.Scope.Namespace, KeyPrefix: a.Faults.Confine}
 }
 
 // MaxKeyPrefixBytes bounds a confining key prefix.

@@ -48,9 +48,9 @@ func NamespaceOf(tenant string) Namespace {
 	return Namespace(ns)
 }
 
-// Owns reports whether tenant belongs to ns; the empty namespace stands for
-// every namespace (the admin's view).
-func (ns Namespace) Owns(tenant string) bool { return ns == "" || NamespaceOf(tenant) == ns }
+// Includes reports whether a view of ns shows what belongs to other: the
+// empty namespace stands for every namespace (the admin's view).
+func (ns Namespace) Includes(other Namespace) bool { return ns == "" || ns == other }
 
 // CheckNamespace accepts a name a namespace (and so a configured tenant)
 // may have: 1..32 letters, digits, '-', '_' or '.'.
@@ -68,9 +68,12 @@ func CheckNamespace(name string) error {
 
 // Scope identifies one logical operation: keys never cross tenants or endpoints.
 type Scope struct {
-	Tenant   string
-	Endpoint string
-	Key      string
+	// Namespace is the tenant's, as the API resolved it from the caller's
+	// token: decided once, there, and carried with every attempt.
+	Namespace Namespace
+	Tenant    string
+	Endpoint  string
+	Key       string
 }
 
 func (s Scope) String() string { return s.Tenant + "|" + s.Endpoint + "|" + s.Key }
@@ -148,6 +151,7 @@ type Charge struct {
 // Entry is one ledger row: an applied charge tagged with what produced it.
 type Entry struct {
 	ChargeID    string
+	Namespace   Namespace // the tenant's
 	Tenant      string
 	Account     string
 	AmountCents int64
@@ -168,6 +172,7 @@ type Event struct {
 	ID          string    `json:"event_id"`
 	Type        string    `json:"type"`
 	ChargeID    string    `json:"charge_id"`
+	Namespace   Namespace `json:"namespace"` // the tenant's
 	Tenant      string    `json:"tenant"`
 	Run         string    `json:"run,omitempty"`
 	Payload     []byte    `json:"-"`

@@ -124,7 +124,7 @@ func MatchWebhook(w Webhook, c ChargeTerms) (string, error) {
 // provider answered its capture calls: a webhook moves a charge only when
 // it names one of them. Recording one twice changes nothing.
 type CaptureRecorder interface {
-	RecordCapture(ctx context.Context, chargeID, tenant, captureID string) error
+	RecordCapture(ctx context.Context, ns Namespace, chargeID, tenant, captureID string) error
 }
 
 // Changed reports whether the event moved the charge.

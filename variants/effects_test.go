@@ -382,7 +382,7 @@ func TestWebhookRoute(t *testing.T) {
 				t.Fatalf("after a mismatch and an unrecorded capture: %+v, want pending, one mismatch", ps)
 			}
 			// The relay's capture, as it records the provider's answer.
-			if err := a.Books().RecordCapture(ctx, chargeID, "acme", "cap_route"); err != nil {
+			if err := a.Books().RecordCapture(ctx, "acme", chargeID, "acme", "cap_route"); err != nil {
 				t.Fatal(err)
 			}
 			for i, want := range []string{"applied", "duplicate"} {

@@ -33,7 +33,7 @@ func TestExplanationsMatchTheirNumbers(t *testing.T) {
 			key := fmt.Sprintf("explain-%s-%s", c.Name, store)
 			spec := experiment.Spec{
 				Store: store, Scenario: c.Scenario, Key: key, Account: "acct-1", AmountCents: 2500, Attempts: c.Attempts,
-				Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, OtherToken: second.Token, Faults: c.Faults,
+				Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, OtherToken: second.Token, Faults: c.Faults,
 			}
 			if c.OrderID {
 				spec.OrderID = "order-" + key

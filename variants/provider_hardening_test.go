@@ -34,6 +34,7 @@ func readyProvider(t *testing.T, a *app.App) (string, string) {
 // part of run.
 func chargeRun(t *testing.T, a *app.App, run, key string, cents int64) lab.Charge {
 	t.Helper()
+	openRun(t, a, run) // opening it again in the same namespace is a no-op
 	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Content-Type": {"application/json"},
 		"Idempotency-Key": {key}, "Lab-Run": {run}}
 	r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, fmt.Sprintf(`{"account":"acct-1","amount_cents":%d}`, cents))
@@ -222,7 +223,7 @@ func TestWebhookMustMatchItsCharge(t *testing.T) {
 
 	// A declined capture ahead of the relay, under another key.
 	ahead := chargeRun(t, a, "run-ahead", "k-ahead", 1_000_000)
-	stray, _, err := a.Provider().Capture(ctx, "not-the-relay", provider.CaptureRequest{ChargeID: ahead.ID, Tenant: "acme", Run: "run-ahead",
+	stray, _, err := a.Provider().Capture(ctx, "not-the-relay", provider.CaptureRequest{ChargeID: ahead.ID, Namespace: "acme", Tenant: "acme", Run: "run-ahead",
 		AmountCents: 1_000_000, Currency: "USD", Via: provider.ViaOutbox}, "decline")
 	if err != nil || stray.Status != provider.StatusFailed {
 		t.Fatalf("the stray capture: %+v, %v", stray, err)

@@ -106,7 +106,7 @@ func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (e
 func (s *Server) remember(rep experiment.Report) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ns := lab.NamespaceOf(rep.Tenant)
+	ns := rep.Namespace
 	runs := append(s.runs[ns], rep)
 	// Runs of one's own and matrix cells are bounded apart, so a matrix
 	// never pushes the attendee's own runs out.
@@ -222,7 +222,7 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	if err != nil {
 		return experiment.Spec{}, 0, err
 	}
-	spec := experiment.Spec{Store: store, Tenant: id.Tenant, Token: id.Token}
+	spec := experiment.Spec{Store: store, Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token}
 	if spec.Key, err = q.Text("key", defaultKey, lab.MaxKeyBytes); err != nil {
 		return spec, 0, err
 	}
@@ -403,7 +403,7 @@ func (s *Server) state(c echo.Context) error {
 		}
 		k := lab.KeyState{Tenant: tenant, Key: key, State: lab.KeyAbsent} // a store that keeps no keys never holds this one
 		if l, ok := s.deps.Stores[names[0]].(lab.KeyLooker); ok {
-			if k, err = l.Lookup(ctx, lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}); err != nil {
+			if k, err = l.Lookup(ctx, lab.Scope{Namespace: who.Namespace, Tenant: tenant, Endpoint: lab.Endpoint, Key: key}); err != nil {
 				return err
 			}
 		}
@@ -643,7 +643,7 @@ func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(
 			return cmp.Or(s.deps.Unavailable[store], "not available on this server")
 		},
 		PairUnavailable: s.deps.Cluster.PairUnavailable(),
-		Targets:         s.deps.Cluster.Targets, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
+		Targets:         s.deps.Cluster.Targets, Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
 		Account: defaultAccount, Amount: defaultAmount,
 		Progress: func(done, total int, c experiment.Case, cell experiment.Cell) {
 			if cell.Run != nil {

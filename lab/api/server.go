@@ -485,7 +485,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		return err
 	}
 	a := lab.Attempt{
-		Scope:   lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key},
+		Scope:   lab.Scope{Namespace: who.Namespace, Tenant: tenant, Endpoint: lab.Endpoint, Key: key},
 		Request: req, Fingerprint: req.Fingerprint(), Run: run, Replica: s.cfg.Replica,
 		Store: st.Name(), Faults: faults,
 	}
@@ -864,7 +864,7 @@ func (s *Server) operation(c echo.Context) error {
 	if err := lab.CheckText("key", key, lab.MaxKeyBytes); err != nil {
 		return err
 	}
-	op, err := looker.Operation(c.Request().Context(), lab.Scope{Tenant: who.Tenant, Endpoint: lab.Endpoint, Key: key})
+	op, err := looker.Operation(c.Request().Context(), lab.Scope{Namespace: who.Namespace, Tenant: who.Tenant, Endpoint: lab.Endpoint, Key: key})
 	if errors.Is(err, lab.ErrOperationNotFound) {
 		return problem(http.StatusNotFound, "operation_not_found", "Operation not found", "no charge of this tenant holds this key in store "+string(st.Name()))
 	}

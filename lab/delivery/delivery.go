@@ -52,15 +52,15 @@ func (p *Provider) SendDirect(ctx context.Context, e lab.Event) error {
 func (p *Provider) send(ctx context.Context, e lab.Event, key, via string) (bool, error) {
 	d := e.Effects()
 	c, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
-		ChargeID: e.ChargeID, Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
+		ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
 	}, "")
 	if err != nil {
 		return false, fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
 	}
-	if err := p.captures.RecordCapture(ctx, e.ChargeID, e.Tenant, c.ID); err != nil {
+	if err := p.captures.RecordCapture(ctx, e.Namespace, e.ChargeID, e.Tenant, c.ID); err != nil {
 		return false, fmt.Errorf("error recording the capture of charge %s: %w", e.ChargeID, err)
 	}
-	dup, err := p.client.Receipt(ctx, provider.ReceiptRequest{EventID: e.ID, ChargeID: e.ChargeID, Tenant: e.Tenant, Run: e.Run, Via: via}, "")
+	dup, err := p.client.Receipt(ctx, provider.ReceiptRequest{EventID: e.ID, ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, Via: via}, "")
 	if err != nil {
 		return false, fmt.Errorf("error sending the receipt of charge %s: %w", e.ChargeID, err)
 	}

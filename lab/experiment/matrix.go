@@ -100,7 +100,8 @@ type MatrixRequest struct {
 	// "" when they can run.
 	PairUnavailable string
 	Targets         func(ctx context.Context, n int) ([]string, error)
-	Tenant          string // the namespace's first tenant, and its token
+	Namespace       lab.Namespace // the caller's, as the API resolved it
+	Tenant          string        // the namespace's first tenant, and its token
 	Token           string
 	OtherTenant     string // its second tenant, and its token
 	Other           string
@@ -156,7 +157,7 @@ func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store l
 	confine := MatrixKeyPrefix(batch)
 	key := fmt.Sprintf("%s%s-%s", confine, c.Name, store)
 	spec := Spec{
-		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount,
+		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount, Namespace: req.Namespace,
 		Attempts: c.Attempts, Tenant: req.Tenant, Token: req.Token, OtherTenant: req.OtherTenant, OtherToken: req.Other, Faults: c.Faults,
 		Confine: confine, Matrix: batch,
 	}

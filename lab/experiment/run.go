@@ -40,9 +40,12 @@ type Spec struct {
 	AmountCents int64
 	OrderID     string
 	Attempts    int
+	// Namespace is the run's, as the API resolved it from the caller: the
+	// tenants, charges and reads of the run are all of it.
+	Namespace   lab.Namespace
 	Tenant      string // the run's tenant, and the bearer token its attempts carry
 	Token       string
-	OtherTenant string // the namespace's second tenant, for ScenarioTenants
+	OtherTenant string // the namespace's second tenant (the API's, of the same identity), for ScenarioTenants
 	OtherToken  string
 	Faults      lab.Faults
 	Matrix      string // the matrix batch this run is a cell of, if any
@@ -99,6 +102,7 @@ type Report struct {
 	Fault               lab.FaultPoint `json:"fault,omitempty"`
 	Key                 string         `json:"key"`
 	Account             string         `json:"account"`
+	Namespace           lab.Namespace  `json:"namespace"`
 	Tenant              string         `json:"tenant"`
 	Attempts            int            `json:"attempts"`
 	Replicas            int            `json:"replicas"`
@@ -176,9 +180,9 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if spec.Scenario == "" {
 		spec.Scenario = ScenarioRetries
 	}
-	tenant := spec.Tenant
-	if tenant == "" || spec.Token == "" {
-		return Report{}, lab.Invalid("tenant", "a run needs a tenant and its token")
+	tenant, ns := spec.Tenant, spec.Namespace
+	if tenant == "" || spec.Token == "" || ns == "" {
+		return Report{}, lab.Invalid("tenant", "a run needs a namespace, a tenant and its token")
 	}
 	if needsTwoPhases(spec) && spec.Attempts < 2 {
 		return Report{}, lab.Invalid("attempts", "must be at least 2 with fault %s (one faulted attempt, then retries)", spec.Faults.Point)
@@ -195,7 +199,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	}
 	rep := Report{
 		RunID: "run_" + uuid.NewString(), Store: spec.Store, Scenario: spec.Scenario, Fault: spec.Faults.Point,
-		Key: spec.Key, Account: spec.Account, Tenant: tenant, Attempts: spec.Attempts, Replicas: len(targets),
+		Key: spec.Key, Account: spec.Account, Namespace: ns, Tenant: tenant, Attempts: spec.Attempts, Replicas: len(targets),
 		AmountCents: spec.AmountCents, ExpectedCharges: 1, StartedAt: r.Now().UTC(),
 		SideEffectTransport: v.Effects, DedupeWindowMS: spec.Faults.Retention.Milliseconds(), Variant: "idempotent",
 		Matrix: spec.Matrix,
@@ -206,13 +210,13 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	tenants := []string{tenant}
 	if spec.Scenario == ScenarioTenants {
 		other := spec.OtherTenant
-		if other == "" || other == tenant || spec.OtherToken == "" || lab.NamespaceOf(other) != lab.NamespaceOf(tenant) {
+		if other == "" || other == tenant || spec.OtherToken == "" {
 			return Report{}, lab.Invalid("tenant", "the tenants scenario needs the namespace's second tenant")
 		}
 		tenants = append(tenants, other)
 		rep.ExpectedCharges = 2
 	}
-	if err := r.Books.OpenRun(ctx, lab.NamespaceOf(tenant), rep.RunID); err != nil {
+	if err := r.Books.OpenRun(ctx, ns, rep.RunID); err != nil {
 		return rep, fmt.Errorf("error opening the run: %w", err)
 	}
 	before, err := r.tally(ctx, spec, tenants)
@@ -569,7 +573,7 @@ func faultHitsFirstAttempt(spec Spec) bool {
 
 // conclude reads the ground truth and writes the verdict.
 func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before keyTally, rep *Report) error {
-	stats, err := r.awaitDelivery(ctx, lab.NamespaceOf(tenants[0]), rep.RunID)
+	stats, err := r.awaitDelivery(ctx, spec.Namespace, rep.RunID)
 	if err != nil {
 		return fmt.Errorf("error reading run stats: %w", err)
 	}
@@ -583,14 +587,14 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.DuplicatesApplied = added(before, after)
 	rep.OverchargedCents = after.overcharged() - before.overcharged()
 	var got provider.StatsReport
-	runFilter := provider.Filter{Namespace: string(lab.NamespaceOf(tenants[0])), Run: rep.RunID}
+	runFilter := provider.Filter{Namespace: string(spec.Namespace), Run: rep.RunID}
 	if err := reread(ctx, func() (err error) { got, err = r.Provider.Stats(ctx, runFilter); return err }); err != nil {
 		return fmt.Errorf("error reading the provider's records: %w", err)
 	}
 	rep.ProviderCaptures, rep.ProviderCaptureCalls = got.CapturesApplied, got.CaptureRequests
 	rep.ProviderReceipts, rep.ChargesCapturedTwice = got.Receipts, got.ChargesCapturedTwice
 	rep.SideEffectsEmitted = stats.OutboxEvents + got.DirectCaptures
-	if err := r.reconcile(ctx, lab.NamespaceOf(tenants[0]), rep); err != nil {
+	if err := r.reconcile(ctx, spec.Namespace, rep); err != nil {
 		return err
 	}
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
@@ -599,7 +603,7 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	}
 	rep.AccountBalanceCents = rep.BalanceCents
 	var ob lab.OutboxStats
-	if err := reread(ctx, func() (err error) { ob, err = r.Books.OutboxStats(ctx, lab.NamespaceOf(tenants[0])); return err }); err != nil {
+	if err := reread(ctx, func() (err error) { ob, err = r.Books.OutboxStats(ctx, spec.Namespace); return err }); err != nil {
 		return fmt.Errorf("error reading the outbox: %w", err)
 	}
 	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered

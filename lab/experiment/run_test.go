@@ -38,7 +38,7 @@ func keyed(t *testing.T) *variant.Registry {
 func TestUnansweredRunIsInconclusive(t *testing.T) {
 	books := inmem.NewBooks(time.Now)
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}
-	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: "k"}, Request: req, Store: "keyed"}
+	a := lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: "k"}, Request: req, Store: "keyed"}
 	if _, err := books.Apply(context.Background(), lab.Apply{Entry: lab.NewEntry(a, time.Now())}); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestUnansweredRunIsInconclusive(t *testing.T) {
 	defer client.CloseIdleConnections()
 	r := &experiment.Runner{Client: client, Books: books, Provider: labtest.Provider(t), Variants: keyed(t), Now: time.Now}
 	rep, err := r.Run(context.Background(), experiment.Spec{
-		Store: "keyed", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Tenant: "acme", Token: "tok",
+		Store: "keyed", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Namespace: "acme", Tenant: "acme", Token: "tok",
 	}, []string{srv.URL})
 	if err != nil {
 		t.Fatal(err)

@@ -29,6 +29,7 @@ type Books struct {
 	payments map[string]string        // charge id -> payment state
 	webhooks map[string]webhookEvent  // processed provider event ids
 	runs     map[string]lab.Namespace // the runs opened, by id
+	owners   map[string]lab.Namespace // charge id -> its namespace
 	captures map[string][]capture     // charge id -> the captures the lab recorded of it, oldest first
 }
 
@@ -37,6 +38,7 @@ type Books struct {
 type webhookEvent struct {
 	chargeID   string
 	tenant     string
+	ns         lab.Namespace
 	mismatch   string
 	receivedAt time.Time
 }
@@ -44,6 +46,7 @@ type webhookEvent struct {
 // capture is one capture the lab recorded of a charge.
 type capture struct {
 	id, tenant string
+	ns         lab.Namespace
 	recordedAt time.Time
 }
 
@@ -64,6 +67,7 @@ func (b *Books) clear() {
 	b.payments = map[string]string{}
 	b.webhooks = map[string]webhookEvent{}
 	b.runs = map[string]lab.Namespace{}
+	b.owners = map[string]lab.Namespace{}
 	b.captures = map[string][]capture{}
 }
 
@@ -79,10 +83,11 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 		return nil
 	}
 	b.entries = slices.DeleteFunc(b.entries, func(e lab.Entry) bool {
-		if !ns.Owns(e.Tenant) {
+		if !ns.Includes(e.Namespace) {
 			return false
 		}
 		delete(b.charges, e.ChargeID)
+		delete(b.owners, e.ChargeID)
 		if e.OrderID != "" {
 			delete(b.orders, e.Tenant+"|"+e.OrderID)
 		}
@@ -91,7 +96,7 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 		return true
 	})
 	b.events = slices.DeleteFunc(b.events, func(ev *lab.Event) bool {
-		if !ns.Owns(ev.Tenant) {
+		if !ns.Includes(ev.Namespace) {
 			return false
 		}
 		delete(b.byID, ev.ID)
@@ -99,12 +104,12 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 	})
 	maps.DeleteFunc(b.runs, func(_ string, owner lab.Namespace) bool { return owner == ns })
 	for id, w := range b.webhooks {
-		if ns.Owns(w.tenant) {
+		if ns.Includes(w.ns) {
 			delete(b.webhooks, id)
 		}
 	}
 	for id, cs := range b.captures {
-		if ns.Owns(cs[0].tenant) {
+		if ns.Includes(cs[0].ns) {
 			delete(b.captures, id)
 		}
 	}
@@ -144,6 +149,7 @@ func (b *Books) Apply(_ context.Context, a lab.Apply) (lab.Charge, error) {
 		OrderID: e.OrderID, BalanceCents: b.balances[acct], CreatedAt: e.CreatedAt,
 	}
 	b.charges[c.ID] = c
+	b.owners[c.ID] = e.Namespace
 	return c, nil
 }
 
@@ -176,13 +182,13 @@ func (b *Books) RunStats(_ context.Context, ns lab.Namespace, run string) (lab.R
 	defer b.mu.Unlock()
 	var s lab.RunStats
 	for _, e := range b.entries {
-		if e.Run == run && lab.NamespaceOf(e.Tenant) == ns {
+		if e.Run == run && e.Namespace == ns {
 			s.Charges++
 			s.ChargedCents += e.AmountCents
 		}
 	}
 	for _, ev := range b.events {
-		if ev.Run == run && lab.NamespaceOf(ev.Tenant) == ns {
+		if ev.Run == run && ev.Namespace == ns {
 			s.OutboxEvents++
 			switch ev.State {
 			case lab.EventDelivered:
@@ -206,7 +212,7 @@ func (b *Books) Summary(_ context.Context, ns lab.Namespace) ([]lab.StoreSummary
 	byStore := map[lab.StoreName]*lab.StoreSummary{}
 	firstAmount := map[op]int64{}
 	for _, e := range b.entries {
-		if !ns.Owns(e.Tenant) {
+		if !ns.Includes(e.Namespace) {
 			continue
 		}
 		s := byStore[e.Store]
@@ -340,7 +346,7 @@ func (b *Books) Requeue(_ context.Context, ns lab.Namespace, id string) (lab.Eve
 	now := b.now()
 	ev := b.byID[id]
 	switch {
-	case ev == nil || !ns.Owns(ev.Tenant):
+	case ev == nil || !ns.Includes(ev.Namespace):
 		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventNotFound)
 	case ev.State == lab.EventDelivered:
 		return lab.Event{}, fmt.Errorf("event %s: %w", id, lab.ErrEventDelivered)
@@ -358,7 +364,7 @@ func (b *Books) Events(_ context.Context, ns lab.Namespace, limit int) ([]lab.Ev
 	defer b.mu.Unlock()
 	out := make([]lab.Event, 0, min(limit, len(b.events)))
 	for i := len(b.events) - 1; i >= 0 && len(out) < limit; i-- {
-		if ns.Owns(b.events[i].Tenant) {
+		if ns.Includes(b.events[i].Namespace) {
 			out = append(out, *b.events[i])
 		}
 	}
@@ -372,7 +378,7 @@ func (b *Books) OutboxStats(_ context.Context, ns lab.Namespace) (lab.OutboxStat
 	var s lab.OutboxStats
 	now := b.now()
 	for _, ev := range b.events {
-		if !ns.Owns(ev.Tenant) {
+		if !ns.Includes(ev.Namespace) {
 			continue
 		}
 		s.Retries += max(ev.Attempts-1, 0)

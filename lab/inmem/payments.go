@@ -11,7 +11,7 @@ import (
 
 // RecordCapture keeps a capture the lab made of a charge; recording it
 // again changes nothing. The charge need not be in the ledger yet.
-func (b *Books) RecordCapture(_ context.Context, chargeID, tenant, captureID string) error {
+func (b *Books) RecordCapture(_ context.Context, ns lab.Namespace, chargeID, tenant, captureID string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, c := range b.captures[chargeID] {
@@ -19,7 +19,7 @@ func (b *Books) RecordCapture(_ context.Context, chargeID, tenant, captureID str
 			return nil
 		}
 	}
-	b.captures[chargeID] = append(b.captures[chargeID], capture{id: captureID, tenant: tenant, recordedAt: b.now().UTC()})
+	b.captures[chargeID] = append(b.captures[chargeID], capture{id: captureID, tenant: tenant, ns: ns, recordedAt: b.now().UTC()})
 	return nil
 }
 
@@ -58,7 +58,7 @@ func (b *Books) ApplyWebhook(_ context.Context, w lab.Webhook) (lab.WebhookResul
 	if mismatch != "" {
 		next = current
 	}
-	b.webhooks[w.EventID] = webhookEvent{chargeID: w.ChargeID, tenant: w.Tenant, mismatch: mismatch, receivedAt: w.ReceivedAt}
+	b.webhooks[w.EventID] = webhookEvent{chargeID: w.ChargeID, tenant: w.Tenant, ns: b.owners[w.ChargeID], mismatch: mismatch, receivedAt: w.ReceivedAt}
 	b.payments[w.ChargeID] = next
 	return lab.WebhookResult{Before: current, After: next, Mismatch: mismatch}, nil
 }
@@ -102,7 +102,7 @@ func (b *Books) Payments(_ context.Context, ns lab.Namespace, run string, limit 
 		if len(out) == limit {
 			break
 		}
-		if (ns != "" && !ns.Owns(e.Tenant)) || (run != "" && e.Run != run) {
+		if !ns.Includes(e.Namespace) || (run != "" && e.Run != run) {
 			continue
 		}
 		p := lab.Payment{

@@ -235,13 +235,13 @@ func (b *Books) KeyCharges(ctx context.Context, tenant string, store lab.StoreNa
 
 const eventColumns = `event_id::text, event_type, charge_id, tenant_id, run_id, payload::text, state, attempts,
 	next_attempt_at, coalesce(last_error, ''), created_at, coalesce(delivered_at, 'epoch'::timestamptz),
-	coalesce(claim_token::text, ''), coalesce(lease_expires_at, 'epoch'::timestamptz)`
+	coalesce(claim_token::text, ''), coalesce(lease_expires_at, 'epoch'::timestamptz), namespace`
 
 func scanEvent(row pgx.CollectableRow) (lab.Event, error) {
 	var e lab.Event
 	var payload string
 	err := row.Scan(&e.ID, &e.Type, &e.ChargeID, &e.Tenant, &e.Run, &payload, &e.State, &e.Attempts,
-		&e.NextAttempt, &e.LastError, &e.CreatedAt, &e.DeliveredAt, &e.ClaimToken, &e.LeaseExpires)
+		&e.NextAttempt, &e.LastError, &e.CreatedAt, &e.DeliveredAt, &e.ClaimToken, &e.LeaseExpires, &e.Namespace)
 	e.Payload = []byte(payload)
 	if e.DeliveredAt.Unix() == 0 {
 		e.DeliveredAt = time.Time{}

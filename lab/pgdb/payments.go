@@ -14,7 +14,7 @@ import (
 // RecordCapture keeps a capture the lab made of a charge, as the provider
 // answered it; recording it again changes nothing. The charge need not be
 // in the ledger yet: a direct send captures before its charge is written.
-func (b *Books) RecordCapture(ctx context.Context, chargeID, tenant, captureID string) error {
+func (b *Books) RecordCapture(ctx context.Context, _ lab.Namespace, chargeID, tenant, captureID string) error { // the namespace column is the tenant's
 	if _, err := b.pool.Exec(ctx, `
 		INSERT INTO charge_captures (charge_id, capture_id, tenant_id, recorded_at) VALUES ($1, $2, $3, $4)
 		ON CONFLICT (charge_id, capture_id) DO NOTHING`, chargeID, captureID, tenant, b.now()); err != nil {

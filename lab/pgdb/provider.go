@@ -24,12 +24,12 @@ var _ provider.Records = (*ProviderRecords)(nil)
 func NewProviderRecords(pool *pgxpool.Pool) *ProviderRecords { return &ProviderRecords{pool: pool} }
 
 const captureColumns = `capture_id, idempotency_key, charge_id, tenant_id, run_id, amount_cents, currency, via, status,
-	requests, fingerprint, created_at`
+	requests, fingerprint, created_at, namespace`
 
 func scanCapture(row pgx.CollectableRow) (provider.Capture, error) {
 	var c provider.Capture
 	err := row.Scan(&c.ID, &c.Key, &c.ChargeID, &c.Tenant, &c.Run, &c.AmountCents, &c.Currency, &c.Via, &c.Status,
-		&c.Requests, &c.Fingerprint, &c.CreatedAt)
+		&c.Requests, &c.Fingerprint, &c.CreatedAt, &c.Namespace)
 	c.CreatedAt = c.CreatedAt.UTC()
 	return c, err
 }

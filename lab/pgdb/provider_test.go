@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
@@ -32,8 +33,8 @@ func providerPools(t *testing.T, n int) (pools []*pgxpool.Pool, schema string) {
 }
 
 func providerCapture(tenant, key string, at time.Time) provider.Capture {
-	req := provider.CaptureRequest{ChargeID: "ch_" + key, Tenant: tenant, AmountCents: 100, Currency: "USD", Via: provider.ViaOutbox}
-	return provider.Capture{ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Tenant: tenant, AmountCents: 100,
+	req := provider.CaptureRequest{ChargeID: "ch_" + key, Namespace: string(lab.NamespaceOf(tenant)), Tenant: tenant, AmountCents: 100, Currency: "USD", Via: provider.ViaOutbox}
+	return provider.Capture{ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Namespace: string(lab.NamespaceOf(tenant)), Tenant: tenant, AmountCents: 100,
 		Currency: "USD", Via: provider.ViaOutbox, Status: provider.StatusSucceeded, Fingerprint: req.Fingerprint(), CreatedAt: at}
 }
 
@@ -79,7 +80,7 @@ func TestProviderCaptureAcrossReplicas(t *testing.T) {
 				t.Errorf("Capture: %v", err)
 				return
 			}
-			dup, err := r.Receipt(ctx, provider.Receipt{EventID: "evt-race", ChargeID: "ch_race", Tenant: "acme", Via: provider.ViaOutbox, ReceivedAt: at})
+			dup, err := r.Receipt(ctx, provider.Receipt{EventID: "evt-race", ChargeID: "ch_race", Namespace: "acme", Tenant: "acme", Via: provider.ViaOutbox, ReceivedAt: at})
 			if err != nil {
 				t.Errorf("Receipt: %v", err)
 				return

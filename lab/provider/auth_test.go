@@ -47,7 +47,7 @@ func TestAPIKey(t *testing.T) {
 		{http.MethodPost, "/captures", keyed("attacker-1", ""), body(captureReq("acme", "ch_1", 1))},
 		{http.MethodPost, "/captures", keyed("attacker-2", "down"), body(captureReq("acme", "ch_1", 1))},
 		{http.MethodPost, "/captures", keyed("attacker-3", "decline"), body(captureReq("acme", "ch_1", 1))},
-		{http.MethodPost, "/receipts", keyed("", ""), body(provider.ReceiptRequest{EventID: "evt-x", ChargeID: "ch_1", Tenant: "acme", Via: provider.ViaOutbox})},
+		{http.MethodPost, "/receipts", keyed("", ""), body(provider.ReceiptRequest{EventID: "evt-x", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: provider.ViaOutbox})},
 		{http.MethodGet, "/captures", nil, ""},
 		{http.MethodGet, "/stats", nil, ""},
 		{http.MethodDelete, "/namespaces/acme", nil, ""},

@@ -79,13 +79,13 @@ func TestCapture(t *testing.T) {
 	})
 	t.Run("StrictBody", func(t *testing.T) {
 		e := setup(t, options{})
-		good := `{"charge_id":"ch_1","tenant":"acme","amount_cents":100,"currency":"USD","via":"outbox"}`
+		good := `{"charge_id":"ch_1","namespace":"acme","tenant":"acme","amount_cents":100,"currency":"USD","via":"outbox"}`
 		for _, tt := range []struct {
 			name, body string
 			status     int
 			code       string
 		}{
-			{"UnknownField", `{"charge_id":"ch_1","tenant":"acme","amount_cents":100,"currency":"USD","via":"outbox","memo":"x"}`, 400, "invalid_body"},
+			{"UnknownField", `{"charge_id":"ch_1","namespace":"acme","tenant":"acme","amount_cents":100,"currency":"USD","via":"outbox","memo":"x"}`, 400, "invalid_body"},
 			{"TrailingObject", good + `{}`, 400, "invalid_body"},
 			{"TrailingGarbage", good + `x`, 400, "invalid_body"},
 			{"TooLarge", `{"charge_id":"` + strings.Repeat("c", provider.MaxBodyBytes) + `"}`, 413, "body_too_large"},
@@ -176,7 +176,7 @@ func TestReceipts(t *testing.T) {
 	t.Parallel()
 	t.Run("Deduplicated", func(t *testing.T) {
 		e := setup(t, options{})
-		req := provider.ReceiptRequest{EventID: "0b4c6ad8-5c47-4f7a-9a9b-0f3d3b0b7a11", ChargeID: "ch_1", Tenant: "acme", Run: "run-1", Via: provider.ViaOutbox}
+		req := provider.ReceiptRequest{EventID: "0b4c6ad8-5c47-4f7a-9a9b-0f3d3b0b7a11", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Run: "run-1", Via: provider.ViaOutbox}
 		r := e.post(t, "/receipts", keyed("", ""), body(req))
 		if r.Status != http.StatusCreated || !strings.Contains(string(r.Body), `"duplicate":false`) {
 			t.Fatalf("first receipt: %d %s", r.Status, r.Body)
@@ -194,9 +194,9 @@ func TestReceipts(t *testing.T) {
 	})
 	t.Run("StrictBody", func(t *testing.T) {
 		e := setup(t, options{})
-		good := `{"event_id":"e1","charge_id":"ch_1","tenant":"acme","via":"direct"}`
+		good := `{"event_id":"e1","charge_id":"ch_1","namespace":"acme","tenant":"acme","via":"direct"}`
 		for name, b := range map[string]string{
-			"UnknownField": `{"event_id":"e1","charge_id":"ch_1","tenant":"acme","via":"direct","x":1}`,
+			"UnknownField": `{"event_id":"e1","charge_id":"ch_1","namespace":"acme","tenant":"acme","via":"direct","x":1}`,
 			"Trailing":     good + ` []`,
 			"NoEvent":      strings.Replace(good, `"e1"`, `""`, 1),
 			"NoTenant":     strings.Replace(good, `"acme"`, `""`, 1),
@@ -290,7 +290,7 @@ func TestInFlightOverlap(t *testing.T) {
 	t.Run("Receipt", func(t *testing.T) {
 		g := newGated("evt-slow")
 		e := setup(t, options{records: g})
-		req := provider.ReceiptRequest{EventID: "evt-slow", ChargeID: "ch_1", Tenant: "acme", Via: provider.ViaOutbox}
+		req := provider.ReceiptRequest{EventID: "evt-slow", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: provider.ViaOutbox}
 		done := make(chan error, 1)
 		go func() {
 			_, err := e.client.Receipt(context.Background(), req, "")

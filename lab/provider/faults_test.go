@@ -18,7 +18,7 @@ func TestFaults(t *testing.T) {
 		e := setup(t, options{})
 		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "down")
 		transportError(t, err)
-		_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Tenant: "acme", Via: "outbox"}, "down")
+		_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: "outbox"}, "down")
 		transportError(t, err)
 		if s := e.stats(t, ""); s != (provider.Stats{}) {
 			t.Fatalf("stats %+v; want nothing recorded", s)
@@ -45,7 +45,7 @@ func TestFaults(t *testing.T) {
 		e := setup(t, options{})
 		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=1")
 		statusError(t, err, http.StatusServiceUnavailable, "provider_unavailable")
-		_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Tenant: "acme", Via: "outbox"}, "error_rate=1")
+		_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: "outbox"}, "error_rate=1")
 		statusError(t, err, http.StatusServiceUnavailable, "provider_unavailable")
 		if s := e.stats(t, ""); s != (provider.Stats{}) {
 			t.Fatalf("stats %+v; want nothing recorded", s)
@@ -82,7 +82,7 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("retry: %+v, replayed %v, err %v; want a replay", c, replayed, err)
 		}
 		// A receipt is applied too.
-		req := provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Tenant: "acme", Via: "outbox"}
+		req := provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: "outbox"}
 		_, err = impatient.Receipt(ctx, req, "applied_response_lost=1")
 		transportError(t, err)
 		if dup, err := e.client.Receipt(ctx, req, ""); err != nil || !dup {
@@ -143,7 +143,7 @@ func TestFaults(t *testing.T) {
 			"applied_response_lost=NaN", "down,down", "webhook_delay_ms", "webhook_delay_ms=-1", "webhook_delay_ms=600001"} {
 			_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), f)
 			statusError(t, err, http.StatusBadRequest, "invalid_fault")
-			_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e", ChargeID: "c", Tenant: "acme", Via: "outbox"}, f)
+			_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e", ChargeID: "c", Namespace: "acme", Tenant: "acme", Via: "outbox"}, f)
 			statusError(t, err, http.StatusBadRequest, "invalid_fault")
 		}
 		if s := e.stats(t, ""); s != (provider.Stats{}) {

@@ -178,12 +178,12 @@ func checkText(name, v string, required bool) error {
 	return nil
 }
 
-func checkTenant(tenant string) error {
+func checkTenant(ns, tenant string) error {
 	if err := checkText("tenant", tenant, true); err != nil {
 		return err
 	}
-	if err := lab.CheckNamespace(string(lab.NamespaceOf(tenant))); err != nil {
-		return invalidBody("tenant: %v", err)
+	if err := lab.CheckNamespace(ns); err != nil {
+		return invalidBody("namespace: %v", err)
 	}
 	return nil
 }
@@ -199,7 +199,7 @@ func (r CaptureRequest) validate() error {
 	if err := checkText("charge_id", r.ChargeID, true); err != nil {
 		return err
 	}
-	if err := checkTenant(r.Tenant); err != nil {
+	if err := checkTenant(r.Namespace, r.Tenant); err != nil {
 		return err
 	}
 	if err := checkText("run", r.Run, false); err != nil {
@@ -221,7 +221,7 @@ func (r ReceiptRequest) validate() error {
 	if err := checkText("charge_id", r.ChargeID, true); err != nil {
 		return err
 	}
-	if err := checkTenant(r.Tenant); err != nil {
+	if err := checkTenant(r.Namespace, r.Tenant); err != nil {
 		return err
 	}
 	if err := checkText("run", r.Run, false); err != nil {
@@ -317,7 +317,7 @@ func (p *Provider) capture(c echo.Context) error {
 	if err := req.validate(); err != nil {
 		return p.fail(c, err)
 	}
-	f := hdr.over(p.standing(lab.NamespaceOf(req.Tenant)))
+	f := hdr.over(p.standing(lab.Namespace(req.Namespace)))
 	if f.Down {
 		return p.drop(c)
 	}
@@ -348,7 +348,7 @@ func (p *Provider) capture(c echo.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	capture := Capture{
-		ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Tenant: req.Tenant, Run: req.Run,
+		ID: "cap_" + uuid.NewString(), Key: key, ChargeID: req.ChargeID, Namespace: req.Namespace, Tenant: req.Tenant, Run: req.Run,
 		AmountCents: req.AmountCents, Currency: req.Currency, Via: req.Via, Status: status,
 		Fingerprint: req.Fingerprint(), CreatedAt: normalTime(p.cfg.Clock()),
 	}
@@ -388,7 +388,7 @@ func (p *Provider) receipt(c echo.Context) error {
 	if err := req.validate(); err != nil {
 		return p.fail(c, err)
 	}
-	f := hdr.over(p.standing(lab.NamespaceOf(req.Tenant)))
+	f := hdr.over(p.standing(lab.Namespace(req.Namespace)))
 	if f.Down {
 		return p.drop(c)
 	}
@@ -411,7 +411,7 @@ func (p *Provider) receipt(c echo.Context) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	dup, err := p.cfg.Records.Receipt(rctx, Receipt{
-		EventID: req.EventID, ChargeID: req.ChargeID, Tenant: req.Tenant, Run: req.Run, Via: req.Via,
+		EventID: req.EventID, ChargeID: req.ChargeID, Namespace: req.Namespace, Tenant: req.Tenant, Run: req.Run, Via: req.Via,
 		ReceivedAt: normalTime(p.cfg.Clock()),
 	})
 	if err != nil {

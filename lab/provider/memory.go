@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/idempotency-lab/lab/lab"
 )
 
 // Memory keeps the provider's records in this process: for tests and for
@@ -147,8 +145,8 @@ func (m *Memory) Receipt(_ context.Context, r Receipt) (bool, error) {
 	return false, nil
 }
 
-func (f Filter) matches(tenant, run, chargeID string) bool {
-	return (f.Namespace == "" || string(lab.NamespaceOf(tenant)) == f.Namespace) &&
+func (f Filter) matches(ns, run, chargeID string) bool {
+	return (f.Namespace == "" || ns == f.Namespace) &&
 		(f.Run == "" || run == f.Run) && (f.ChargeID == "" || chargeID == f.ChargeID)
 }
 
@@ -157,7 +155,7 @@ func (m *Memory) Captures(_ context.Context, f Filter) ([]Capture, error) {
 	m.mu.Lock()
 	var found []memCapture // copies: a capture's count moves under the lock
 	for _, c := range m.captures {
-		if f.matches(c.Tenant, c.Run, c.ChargeID) {
+		if f.matches(c.Namespace, c.Run, c.ChargeID) {
 			found = append(found, *c)
 		}
 	}
@@ -182,7 +180,7 @@ func (m *Memory) Stats(_ context.Context, f Filter) (Stats, error) {
 	var s Stats
 	perCharge := map[string]int{}
 	for _, c := range m.captures {
-		if !f.matches(c.Tenant, c.Run, c.ChargeID) {
+		if !f.matches(c.Namespace, c.Run, c.ChargeID) {
 			continue
 		}
 		s.CapturesApplied++
@@ -198,19 +196,19 @@ func (m *Memory) Stats(_ context.Context, f Filter) (Stats, error) {
 		}
 	}
 	for _, r := range m.receipts {
-		if f.matches(r.Tenant, r.Run, r.ChargeID) {
+		if f.matches(r.Namespace, r.Run, r.ChargeID) {
 			s.Receipts++
 			s.ReceiptDeliveries += r.Deliveries
 		}
 	}
 	for _, w := range m.pending {
-		if f.matches(w.Tenant, w.Run, w.ChargeID) {
+		if f.matches(w.Namespace, w.Run, w.ChargeID) {
 			s.WebhooksQueued++
 		}
 	}
 	for _, w := range m.done {
 		switch {
-		case !f.matches(w.Tenant, w.Run, w.ChargeID):
+		case !f.matches(w.Namespace, w.Run, w.ChargeID):
 		case w.State == WebhookDelivered:
 			s.WebhooksDelivered++
 		default:
@@ -225,16 +223,16 @@ func (m *Memory) Reset(_ context.Context, ns string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for k, c := range m.captures {
-		if ns == "" || string(lab.NamespaceOf(c.Tenant)) == ns {
+		if ns == "" || c.Namespace == ns {
 			delete(m.captures, k)
 		}
 	}
 	for id, r := range m.receipts {
-		if ns == "" || string(lab.NamespaceOf(r.Tenant)) == ns {
+		if ns == "" || r.Namespace == ns {
 			delete(m.receipts, id)
 		}
 	}
-	mine := func(w *Webhook) bool { return ns == "" || string(lab.NamespaceOf(w.Tenant)) == ns }
+	mine := func(w *Webhook) bool { return ns == "" || w.Namespace == ns }
 	m.pending = slices.DeleteFunc(m.pending, mine)
 	m.done = slices.DeleteFunc(m.done, mine)
 	return nil

@@ -69,13 +69,14 @@ type Webhook struct {
 	CaptureID string `json:"capture_id"`
 	// Seq orders a capture's webhooks: each is sent once those before it
 	// are delivered or dead.
-	Seq      int    `json:"seq"`
-	EventID  string `json:"event_id"` // a duplicate sends one event id twice
-	Type     string `json:"type"`
-	ChargeID string `json:"charge_id"`
-	Tenant   string `json:"tenant"`
-	Run      string `json:"run,omitempty"`
-	Body     []byte `json:"-"`
+	Seq       int    `json:"seq"`
+	EventID   string `json:"event_id"` // a duplicate sends one event id twice
+	Type      string `json:"type"`
+	ChargeID  string `json:"charge_id"`
+	Namespace string `json:"namespace"`
+	Tenant    string `json:"tenant"`
+	Run       string `json:"run,omitempty"`
+	Body      []byte `json:"-"`
 	// Forged: signed with a wrong secret (webhook_bad_signature).
 	Forged      bool      `json:"forged"`
 	State       string    `json:"state"`
@@ -135,6 +136,7 @@ type Capture struct {
 	ID          string    `json:"capture_id"` // "cap_" + uuid
 	Key         string    `json:"idempotency_key"`
 	ChargeID    string    `json:"charge_id"`
+	Namespace   string    `json:"namespace"` // the lab's, for its tenant
 	Tenant      string    `json:"tenant"`
 	Run         string    `json:"run,omitempty"`
 	AmountCents int64     `json:"amount_cents"`
@@ -150,6 +152,7 @@ type Capture struct {
 type Receipt struct {
 	EventID    string    `json:"event_id"`
 	ChargeID   string    `json:"charge_id"`
+	Namespace  string    `json:"namespace"` // the lab's, for its tenant
 	Tenant     string    `json:"tenant"`
 	Run        string    `json:"run,omitempty"`
 	Via        string    `json:"via"`
@@ -173,7 +176,10 @@ type Stats struct {
 
 // CaptureRequest is the body of POST /captures.
 type CaptureRequest struct {
-	ChargeID    string `json:"charge_id"`
+	ChargeID string `json:"charge_id"`
+	// Namespace is the lab's namespace of the tenant, as the lab resolved
+	// it: the provider's faults and records are kept by it.
+	Namespace   string `json:"namespace"`
 	Tenant      string `json:"tenant"`
 	Run         string `json:"run,omitempty"`
 	AmountCents int64  `json:"amount_cents"`
@@ -193,11 +199,12 @@ func (r CaptureRequest) Fingerprint() string {
 
 // ReceiptRequest is the body of POST /receipts.
 type ReceiptRequest struct {
-	EventID  string `json:"event_id"`
-	ChargeID string `json:"charge_id"`
-	Tenant   string `json:"tenant"`
-	Run      string `json:"run,omitempty"`
-	Via      string `json:"via"`
+	EventID   string `json:"event_id"`
+	ChargeID  string `json:"charge_id"`
+	Namespace string `json:"namespace"` // as in CaptureRequest
+	Tenant    string `json:"tenant"`
+	Run       string `json:"run,omitempty"`
+	Via       string `json:"via"`
 }
 
 // normalTime is how both stores keep times: UTC, to the microsecond

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
@@ -48,9 +49,9 @@ var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
 
 // capture builds a capture as the provider would.
 func capture(tenant, key, chargeID string, cents int64, at time.Time) provider.Capture {
-	req := provider.CaptureRequest{ChargeID: chargeID, Tenant: tenant, AmountCents: cents, Currency: "USD", Via: provider.ViaOutbox}
+	req := provider.CaptureRequest{ChargeID: chargeID, Namespace: string(lab.NamespaceOf(tenant)), Tenant: tenant, AmountCents: cents, Currency: "USD", Via: provider.ViaOutbox}
 	return provider.Capture{
-		ID: "cap_" + uuid.NewString(), Key: key, ChargeID: chargeID, Tenant: tenant, AmountCents: cents,
+		ID: "cap_" + uuid.NewString(), Key: key, ChargeID: chargeID, Namespace: string(lab.NamespaceOf(tenant)), Tenant: tenant, AmountCents: cents,
 		Currency: "USD", Via: provider.ViaOutbox, Status: provider.StatusSucceeded, Fingerprint: req.Fingerprint(), CreatedAt: at,
 	}
 }
@@ -174,7 +175,7 @@ func TestRecords(t *testing.T) {
 			})
 			t.Run("ReceiptOnce", func(t *testing.T) {
 				r := b.open(t)
-				rc := provider.Receipt{EventID: uuid.NewString(), ChargeID: "ch_1", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0}
+				rc := provider.Receipt{EventID: uuid.NewString(), ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0}
 				for i, want := range []bool{false, true, true} {
 					if dup, err := r.Receipt(context.Background(), rc); err != nil || dup != want {
 						t.Fatalf("delivery %d: duplicate %v, err %v; want %v", i+1, dup, err, want)
@@ -359,7 +360,7 @@ func hooksOf(c provider.Capture, n int) []provider.Webhook {
 	var out []provider.Webhook
 	for i := range n {
 		out = append(out, provider.Webhook{CaptureID: c.ID, Seq: i, EventID: fmt.Sprintf("evt_%s_%d", c.Key, i), Type: provider.EventCaptureProcessing,
-			ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run, Body: []byte(`{"event_id":"x"}`), State: provider.WebhookPending,
+			ChargeID: c.ChargeID, Namespace: c.Namespace, Tenant: c.Tenant, Run: c.Run, Body: []byte(`{"event_id":"x"}`), State: provider.WebhookPending,
 			NextAttempt: t0, GiveUpAt: t0.Add(10 * time.Minute), CreatedAt: t0})
 	}
 	return out
@@ -387,9 +388,9 @@ func seed(t *testing.T, r provider.Records) {
 		t.Fatalf("replaying k5: %+v, %v, %v", stored, replayed, err)
 	}
 	for _, rc := range []provider.Receipt{
-		{EventID: "evt-a", ChargeID: "ch_1", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0},
-		{EventID: "evt-a", ChargeID: "ch_1", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0.Add(time.Second)},
-		{EventID: "evt-b", ChargeID: "ch_3", Tenant: "globex", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0},
+		{EventID: "evt-a", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0},
+		{EventID: "evt-a", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0.Add(time.Second)},
+		{EventID: "evt-b", ChargeID: "ch_3", Namespace: "globex", Tenant: "globex", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0},
 	} {
 		if _, err := r.Receipt(ctx, rc); err != nil {
 			t.Fatal(err)

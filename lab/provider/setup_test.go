@@ -15,6 +15,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/signature"
@@ -240,7 +241,7 @@ func problemOf(t *testing.T, r labtest.Reply, status int, code string) {
 }
 
 func captureReq(tenant, charge string, cents int64) provider.CaptureRequest {
-	return provider.CaptureRequest{ChargeID: charge, Tenant: tenant, Run: "run-1", AmountCents: cents, Currency: "EUR", Via: provider.ViaOutbox}
+	return provider.CaptureRequest{ChargeID: charge, Namespace: string(lab.NamespaceOf(tenant)), Tenant: tenant, Run: "run-1", AmountCents: cents, Currency: "EUR", Via: provider.ViaOutbox}
 }
 
 func body(v any) string {

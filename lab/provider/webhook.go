@@ -70,7 +70,7 @@ func (p *Provider) webhooks(c Capture, f Faults) []Webhook {
 	due := now.Add(time.Duration(f.WebhookDelayMS) * time.Millisecond)
 	hook := func(typ, status string) Webhook {
 		id, body := event(typ, status, c, now.Unix())
-		return Webhook{CaptureID: c.ID, EventID: id, Type: typ, ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run, Body: body,
+		return Webhook{CaptureID: c.ID, EventID: id, Type: typ, ChargeID: c.ChargeID, Namespace: c.Namespace, Tenant: c.Tenant, Run: c.Run, Body: body,
 			State: WebhookPending, NextAttempt: due, GiveUpAt: due.Add(p.cfg.WebhookWindow), CreatedAt: now}
 	}
 	processing := hook(EventCaptureProcessing, "processing")

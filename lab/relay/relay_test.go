@@ -78,7 +78,7 @@ func charge(t *testing.T, b books, c *labtest.Clock, key string) lab.Event {
 func chargeCents(t *testing.T, b books, c *labtest.Clock, key string, cents int64) lab.Event {
 	t.Helper()
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: cents, Currency: "USD"}
-	a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: "memory", Run: "run-relay"}
+	a := lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Store: "memory", Run: "run-relay"}
 	e := lab.NewEntry(a, c.Now())
 	ev := lab.NewReceiptEvent(e, lab.Faults{})
 	if _, err := b.Apply(context.Background(), lab.Apply{Entry: e, Event: ev}); err != nil {

@@ -40,7 +40,7 @@ func recordCapture(t *testing.T, p payments, chargeID string) string {
 	t.Helper()
 	id := "cap_" + chargeID
 	for range 2 { // twice: the second changes nothing
-		if err := p.RecordCapture(t.Context(), chargeID, "acme", id); err != nil {
+		if err := p.RecordCapture(t.Context(), "acme", chargeID, "acme", id); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -218,7 +218,7 @@ func TestOldestStuck(t *testing.T) {
 			ev := charge(t, b, c, "stuck-"+name)
 			charge(t, b, c, "never-captured-"+name) // no capture: the outbox's to report, not this gauge's
 			id := recordCapture(t, p, ev.ChargeID)
-			if err := p.RecordCapture(ctx, "ch_rolled_back_"+name, "acme", "cap_x"); err != nil { // a direct send whose charge rolled back
+			if err := p.RecordCapture(ctx, "acme", "ch_rolled_back_"+name, "acme", "cap_x"); err != nil { // a direct send whose charge rolled back
 				t.Fatal(err)
 			}
 			c.Advance(time.Minute)

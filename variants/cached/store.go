@@ -68,7 +68,7 @@ func (s *Store) Name() lab.StoreName { return Name }
 // key is the cache key of a scope: namespace first, so one namespace's
 // keys are found (and forgotten) without touching another's.
 func (s *Store) key(sc lab.Scope) string {
-	return s.prefix + string(lab.NamespaceOf(sc.Tenant)) + "|" + sc.Tenant + "|" + sc.Endpoint + "|" + sc.Key
+	return s.prefix + string(sc.Namespace) + "|" + sc.Tenant + "|" + sc.Endpoint + "|" + sc.Key
 }
 
 // A cached value is "<fingerprint> <status> <expires, unix ms> <body>",

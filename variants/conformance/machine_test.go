@@ -257,7 +257,7 @@ func (m *machine) live(k *modelKey, s keyState, amount int64, resp lab.Response,
 // forget loses a namespace's keys ("" for every namespace's).
 func (m *machine) forget(ns lab.Namespace) {
 	for _, s := range m.slots {
-		if ns.Owns(m.tenant(s)) {
+		if ns.Includes(lab.NamespaceOf(m.tenant(s))) {
 			m.keys[s].state = absent
 			m.dirty[s] = true
 		}
@@ -447,7 +447,7 @@ func (m *machine) jump(t *rapid.T, d time.Duration) {
 func (m *machine) touch(role string) {
 	ns := m.namespace(role)
 	for _, s := range m.slots {
-		if ns.Owns(m.tenant(s)) {
+		if ns.Includes(lab.NamespaceOf(m.tenant(s))) {
 			m.dirty[s] = true
 		}
 	}

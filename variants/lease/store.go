@@ -165,7 +165,7 @@ func (s *Store) renew(ctx context.Context, sc lab.Scope, cl claim, lease time.Du
 				return
 			case <-tick.C:
 			}
-			tag, err := s.pool.Exec(ctx, lab.NamespaceOf(sc.Tenant), `
+			tag, err := s.pool.Exec(ctx, sc.Namespace, `
 				UPDATE lease_requests SET lease_expires_at = $5::timestamptz + make_interval(secs => $6)
 				WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND attempt_token = $4 AND state = 'in_flight'`,
 				sc.Tenant, sc.Endpoint, sc.Key, cl.token, s.now(), lease.Seconds())
@@ -196,7 +196,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 	for try := 0; try < 3; try++ {
 		now := s.now()
 		cl := claim{chargeID: lab.NewChargeID()}
-		err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), `
+		err := s.pool.QueryRow(ctx, sc.Namespace, `
 			INSERT INTO lease_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, attempt_token,
 			                            lease_expires_at, charge_id, created_at, expires_at)
 			VALUES ($1, $2, $3, $4, 'in_flight', nextval('lease_tokens'), $6::timestamptz + make_interval(secs => $5), $7, $6,
@@ -226,7 +226,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 		}
 		// A higher token, if nobody took it first: the old holder's token
 		// is stale from this commit on.
-		err = s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), `
+		err = s.pool.QueryRow(ctx, sc.Namespace, `
 			UPDATE lease_requests
 			SET attempt_token = nextval('lease_tokens'), state = 'in_flight', request_fingerprint = $4, charge_id = $7,
 			    lease_expires_at = $6::timestamptz + make_interval(secs => $5), response_status = NULL, response_body = NULL,
@@ -252,7 +252,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 
 func (s *Store) read(ctx context.Context, sc lab.Scope, now time.Time) (row, error) {
 	var r row
-	err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), `
+	err := s.pool.QueryRow(ctx, sc.Namespace, `
 		SELECT request_fingerprint, state, charge_id, attempt_token, lease_expires_at <= $4, expires_at <= $4, lease_expires_at,
 		       response_status, response_body
 		FROM lease_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`,
@@ -269,7 +269,7 @@ func (s *Store) read(ctx context.Context, sc lab.Scope, now time.Time) (row, err
 // transaction.
 func (s *Store) write(ctx context.Context, a lab.Attempt, cl claim, retention time.Duration) (lab.Outcome, error) {
 	var resp lab.Response
-	err := s.pool.BeginTxFunc(ctx, lab.NamespaceOf(a.Scope.Tenant), pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := s.pool.BeginTxFunc(ctx, a.Scope.Namespace, pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		a.ChargeID = cl.chargeID
 		entry := lab.NewEntry(a, s.now())
 		entry.FenceToken = cl.token
@@ -327,7 +327,7 @@ func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error
 		detail = fmt.Sprintf("write refused: token %d < %d", cl.token, r.token)
 	}
 	lab.MarkDetail(ctx, lab.PhaseFenced, detail)
-	if _, err := s.pool.Exec(ctx, lab.NamespaceOf(a.Scope.Tenant), `
+	if _, err := s.pool.Exec(ctx, a.Scope.Namespace, `
 		INSERT INTO fenced_writes (tenant_id, idempotency_key, stale_token, charge_id, run_id, refused_at) VALUES ($1, $2, $3, $4, $5, $6)`,
 		a.Scope.Tenant, a.Scope.Key, cl.token, cl.chargeID, a.Run, s.now()); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error recording a fenced write: %w", err)
@@ -346,7 +346,7 @@ func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error
 func (s *Store) release(a lab.Attempt, cl claim) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.pool.Exec(ctx, lab.NamespaceOf(a.Scope.Tenant), `
+	if _, err := s.pool.Exec(ctx, a.Scope.Namespace, `
 		UPDATE lease_requests SET lease_expires_at = $5
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND attempt_token = $4 AND state = 'in_flight'`,
 		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, cl.token, s.now()); err != nil {

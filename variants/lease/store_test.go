@@ -33,7 +33,7 @@ func setup(t *testing.T) (*lease.Store, *pgxpool.Pool) {
 
 func attempt(key string, f lab.Faults) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}
-	return lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
+	return lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
 		Fingerprint: req.Fingerprint(), Store: lease.Name, Run: "run-fence", Faults: f}
 }
 

@@ -37,7 +37,7 @@ func BenchmarkRetainedKeys(b *testing.B) {
 		before := heapAlloc()
 		for range keys {
 			a := lab.Attempt{
-				Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: uuid.NewString()}, Request: req,
+				Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: uuid.NewString()}, Request: req,
 				Fingerprint: req.Fingerprint(), Store: memory.Name,
 			}
 			if _, err := s.Charge(ctx, a); err != nil {
@@ -103,7 +103,7 @@ func BenchmarkKeysOf300k(b *testing.B) {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: lab.DefaultCurrency}
 	ctx := context.Background()
 	for i := range 300_000 {
-		a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: "k-" + strconv.Itoa(i)}, Request: req,
+		a := lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: "k-" + strconv.Itoa(i)}, Request: req,
 			Fingerprint: req.Fingerprint(), Store: memory.Name}
 		if _, err := s.Charge(ctx, a); err != nil {
 			b.Fatal(err)

@@ -116,10 +116,12 @@ func (s *Store) at(t time.Time) int64 { return int64(t.Sub(s.epoch)) }
 // timeAt is the instant at stands for.
 func (s *Store) timeAt(at int64) time.Time { return s.epoch.Add(time.Duration(at)) }
 
-// appendScopeID appends the id of a scope: the tenant and the endpoint,
-// each after its length, then the key. Lengths rather than separators, so
-// that no two scopes share an id whatever bytes they hold.
+// appendScopeID appends the id of a scope: the namespace, the tenant and
+// the endpoint, each after its length, then the key. Lengths rather than
+// separators, so that no two scopes share an id whatever bytes they hold.
 func appendScopeID(b []byte, sc lab.Scope) []byte {
+	b = binary.AppendUvarint(b, uint64(len(sc.Namespace)))
+	b = append(b, sc.Namespace...)
 	b = binary.AppendUvarint(b, uint64(len(sc.Tenant)))
 	b = append(b, sc.Tenant...)
 	b = binary.AppendUvarint(b, uint64(len(sc.Endpoint)))
@@ -129,15 +131,16 @@ func appendScopeID(b []byte, sc lab.Scope) []byte {
 
 // scope decodes the entry's id.
 func (e *entry) scope() lab.Scope {
-	tenant, rest := cutField(e.id)
+	ns, rest := cutField(e.id)
+	tenant, rest := cutField(rest)
 	endpoint, key := cutField(rest)
-	return lab.Scope{Tenant: tenant, Endpoint: endpoint, Key: key}
+	return lab.Scope{Namespace: lab.Namespace(ns), Tenant: tenant, Endpoint: endpoint, Key: key}
 }
 
-// namespace is the namespace of the entry's tenant.
+// namespace is the namespace the entry's id holds.
 func (e *entry) namespace() lab.Namespace {
-	tenant, _ := cutField(e.id)
-	return lab.NamespaceOf(tenant)
+	ns, _ := cutField(e.id)
+	return lab.Namespace(ns)
 }
 
 // cutField splits a field appendScopeID wrote, its length first, from what
@@ -183,7 +186,7 @@ func (e *entry) response() lab.Response { return lab.Response{Status: e.status, 
 
 // getLocked finds the entry of a scope, and its namespace's part.
 func (s *Store) getLocked(sc lab.Scope) (*entry, *part) {
-	p := s.parts[lab.NamespaceOf(sc.Tenant)]
+	p := s.parts[sc.Namespace]
 	if p == nil {
 		return nil, nil
 	}
@@ -346,7 +349,7 @@ func (s *Store) claim(a lab.Attempt, fp [sha256.Size]byte) (e *entry, done chan 
 		var buf [128]byte // built on the stack: the string is the one allocation
 		e.id = string(appendScopeID(buf[:0], a.Scope))
 	}
-	s.putLocked(lab.NamespaceOf(a.Scope.Tenant), p, old, e)
+	s.putLocked(a.Scope.Namespace, p, old, e)
 	return e, nil, true
 }
 

@@ -48,7 +48,7 @@ func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 func attempt(key string, amount int64) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD"}
 	return lab.Attempt{
-		Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
 		Fingerprint: req.Fingerprint(), Store: memory.Name,
 	}
 }
@@ -280,14 +280,14 @@ func TestKeysListsTheNewestOfANamespace(t *testing.T) {
 			t.Fatal(err)
 		}
 		b := attempt(fmt.Sprint("b-", i), 100)
-		b.Scope.Tenant = "beta"
+		b.Scope.Namespace, b.Scope.Tenant = "beta", "beta"
 		if _, err := s.Charge(ctx, b); err != nil {
 			t.Fatal(err)
 		}
 		c.Advance(time.Millisecond)
 	}
 	crash := attempt("b-crash", 100)
-	crash.Scope.Tenant, crash.Faults = "beta", lab.Faults{Point: lab.FaultCrashAfterCharge}
+	crash.Scope.Namespace, crash.Scope.Tenant, crash.Faults = "beta", "beta", lab.Faults{Point: lab.FaultCrashAfterCharge}
 	if _, err := s.Charge(ctx, crash); !errors.Is(err, lab.ErrCrash) {
 		t.Fatalf("crash: %v", err)
 	}
@@ -315,10 +315,10 @@ func TestScopesNeverCollide(t *testing.T) {
 	s := newStore(t, memory.Config{})
 	ctx := context.Background()
 	scopes := []lab.Scope{
-		{Tenant: "acme", Endpoint: "POST /x", Key: "y"},
-		{Tenant: "acme", Endpoint: "POST /", Key: "xy"},
-		{Tenant: "acme", Endpoint: "", Key: "POST /xy"},
-		{Tenant: "acme~2", Endpoint: "POST /x", Key: "y"},
+		{Namespace: "acme", Tenant: "acme", Endpoint: "POST /x", Key: "y"},
+		{Namespace: "acme", Tenant: "acme", Endpoint: "POST /", Key: "xy"},
+		{Namespace: "acme", Tenant: "acme", Endpoint: "", Key: "POST /xy"},
+		{Namespace: "acme", Tenant: "acme~2", Endpoint: "POST /x", Key: "y"},
 	}
 	for _, sc := range scopes {
 		a := attempt("", 100)

@@ -55,7 +55,7 @@ func TestFastReplayNeverAnswersWhatTheTransactionWouldNot(t *testing.T) {
 				for _, status := range []int{0, 201, 409} {
 					i++
 					key := fmt.Sprintf("k-fast-%d", i)
-					a := lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Fingerprint: req.Fingerprint(), Store: Name}
+					a := lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Fingerprint: req.Fingerprint(), Store: Name}
 					stored := a.Fingerprint
 					if !sameRequest {
 						stored = other.Fingerprint()
@@ -105,7 +105,7 @@ func TestPipelinedChargeAnswersWhatItStores(t *testing.T) {
 	ctx := context.Background()
 	s, pool := storeOnOwnSchema(t, 2*time.Second, time.Now)
 	attempt := func(key string, req lab.ChargeRequest) lab.Attempt {
-		return lab.Attempt{Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Fingerprint: req.Fingerprint(), Store: Name, Run: "run-pipelined"}
+		return lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req, Fingerprint: req.Fingerprint(), Store: Name, Run: "run-pipelined"}
 	}
 	var balance int64
 	for i, amount := range []int64{2500, 7, 99_999_993, 1, 10_000} {

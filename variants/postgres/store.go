@@ -123,7 +123,7 @@ var errTakeSlowPath = errors.New("postgres: the pipelined charge rolled back; ch
 func (s *Store) replayFast(ctx context.Context, a lab.Attempt) (lab.Outcome, bool, error) {
 	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
-	conn, err := s.pool.Acquire(acquireCtx, lab.NamespaceOf(a.Scope.Tenant), pgdb.Short)
+	conn, err := s.pool.Acquire(acquireCtx, a.Scope.Namespace, pgdb.Short)
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, lab.ErrStoreUnavailable) {
 			return lab.Outcome{}, false, fmt.Errorf("%w (waited %s)", err, s.wait)
@@ -157,7 +157,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt, pipelined bool) (out 
 	// The whole wait is bounded: for the namespace's budget and a
 	// connection, then for a twin's lock.
 	start := time.Now()
-	ns := lab.NamespaceOf(a.Scope.Tenant)
+	ns := a.Scope.Namespace
 	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
 	defer cancel()
 	conn, err := s.pool.Acquire(acquireCtx, ns, pgdb.Short)
@@ -502,7 +502,7 @@ func isLockTimeout(err error) bool {
 func (s *Store) Lookup(ctx context.Context, sc lab.Scope) (lab.KeyState, error) {
 	k := lab.KeyState{Tenant: sc.Tenant, Key: sc.Key}
 	var live bool
-	err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), s.q(`
+	err := s.pool.QueryRow(ctx, sc.Namespace, s.q(`
 		SELECT state, request_fingerprint, coalesce(response_status, 0), response_body, created_at, expires_at,
 		       (extract(epoch FROM $4::timestamptz - created_at) * 1000)::bigint, expires_at > $4
 		FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3`),
@@ -624,7 +624,7 @@ func (s *Store) OldestInFlight(ctx context.Context) (time.Duration, error) {
 // response (a take-over since would hold another), else false.
 func (s *Store) Expiry(ctx context.Context, sc lab.Scope, fingerprint string, resp lab.Response) (time.Time, bool, error) {
 	var at time.Time
-	err := s.pool.QueryRow(ctx, lab.NamespaceOf(sc.Tenant), s.q(`SELECT expires_at FROM idempotency_requests
+	err := s.pool.QueryRow(ctx, sc.Namespace, s.q(`SELECT expires_at FROM idempotency_requests
 		WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND state = 'completed'
 		  AND request_fingerprint = $4 AND response_status = $5 AND response_body = $6`),
 		sc.Tenant, sc.Endpoint, sc.Key, fingerprint, resp.Status, resp.Body).Scan(&at)

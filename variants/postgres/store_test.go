@@ -69,7 +69,7 @@ func newStore(tb testing.TB, cfg postgres.Config) *postgres.Store {
 func attempt(tenant, key string, amount int64, orderID string) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD", OrderID: orderID}
 	return lab.Attempt{
-		Scope: lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Scope: lab.Scope{Namespace: lab.NamespaceOf(tenant), Tenant: tenant, Endpoint: lab.Endpoint, Key: key}, Request: req,
 		Fingerprint: req.Fingerprint(), Store: postgres.Name, Run: "run-" + key,
 	}
 }

@@ -173,7 +173,7 @@ func decode(v string) (decoded, error) {
 // apart and leaves no glob character, so a namespace's keys are one SCAN
 // pattern (see pattern).
 func (s *Store) key(sc lab.Scope) string {
-	return s.nsPrefix(lab.NamespaceOf(sc.Tenant)) + url.QueryEscape(sc.Tenant) + "|" + url.QueryEscape(sc.Endpoint) + "|" + url.QueryEscape(sc.Key)
+	return s.nsPrefix(sc.Namespace) + url.QueryEscape(sc.Tenant) + "|" + url.QueryEscape(sc.Endpoint) + "|" + url.QueryEscape(sc.Key)
 }
 
 func (s *Store) nsPrefix(ns lab.Namespace) string {
@@ -361,7 +361,7 @@ func (s *Store) index(ns lab.Namespace) string {
 // entries older than the retention window. The listing is advisory: no
 // decision reads it, so a failure here costs only a line in the listing.
 func (s *Store) listClaim(ctx context.Context, sc lab.Scope, k string) {
-	idx, now := s.index(lab.NamespaceOf(sc.Tenant)), s.now().UnixMilli()
+	idx, now := s.index(sc.Namespace), s.now().UnixMilli()
 	_, _ = s.client.Pipelined(context.WithoutCancel(ctx), func(p goredis.Pipeliner) error {
 		p.ZAdd(ctx, idx, goredis.Z{Score: float64(now), Member: k})
 		p.ZRemRangeByScore(ctx, idx, "-inf", strconv.FormatInt(now-s.window.Milliseconds(), 10))

@@ -66,7 +66,7 @@ func newStore(t testing.TB, url string, books lab.Ledger) *redis.Store {
 func attempt(key string, amount int64, f lab.Faults) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD"}
 	return lab.Attempt{
-		Scope: lab.Scope{Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: key}, Request: req,
 		Fingerprint: req.Fingerprint(), Store: redis.Name, Faults: f,
 	}
 }
@@ -274,7 +274,7 @@ func TestKeysComeFromTheListing(t *testing.T) {
 		for i := range 30 {
 			for _, tenant := range []string{"acme", "beta"} {
 				a := attempt(fmt.Sprint("k-", i), 100, lab.Faults{})
-				a.Scope.Tenant = tenant
+				a.Scope.Namespace, a.Scope.Tenant = lab.Namespace(tenant), tenant
 				if _, err := s.Charge(ctx, a); err != nil {
 					t.Fatal(err)
 				}
