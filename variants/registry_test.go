@@ -66,8 +66,8 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	}
 }
 
-// TestRegistryRefusesBadVariants: names, effects, needs and verdicts are
-// checked once, when the lab starts.
+// TestRegistryRefusesBadVariants: names, effects, needs, crash effects and
+// verdicts are checked once, when the lab starts.
 func TestRegistryRefusesBadVariants(t *testing.T) {
 	t.Parallel()
 	ok := labtest.LookFirst()
@@ -77,6 +77,8 @@ func TestRegistryRefusesBadVariants(t *testing.T) {
 		"no open":        func(v *variant.Variant) { v.Open = nil },
 		"bad effects":    func(v *variant.Variant) { v.Effects = "carrier pigeon" },
 		"unknown need":   func(v *variant.Variant) { v.Needs = []variant.Need{"kafka"} },
+		"no crash":       func(v *variant.Variant) { v.Crash = "" },
+		"keyless crash":  func(v *variant.Variant) { v.Name, v.RequiresKey, v.Effects = "no-key-toy", false, "direct" },
 		"bad verdict": func(v *variant.Variant) {
 			v.Mechanisms = map[variant.Case]variant.Mechanism{variant.CaseRetries: {Usual: "maybe"}}
 		},

@@ -15,6 +15,7 @@ import (
 func LookFirst() variant.Variant {
 	return variant.Variant{
 		Name: "look-first", Label: "look, then charge", RequiresKey: true, Effects: "outbox",
+		Crash:   variant.CrashWipesHeap, // its map is in the heap
 		Decides: "reads the key, charges when absent: check-then-act",
 		Keys:    "a map in this replica's heap, read and written under separate locks",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {

@@ -13,11 +13,6 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/variant"
-	"github.com/idempotency-lab/lab/variants/cached"
-	"github.com/idempotency-lab/lab/variants/lease"
-	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/postgres"
-	"github.com/idempotency-lab/lab/variants/redis"
 )
 
 // The state machine's store parameters and clock jumps. Counted in 10 s,
@@ -45,48 +40,19 @@ var (
 	machineAmounts = []int64{100, 250} // two requests, two fingerprints
 )
 
-// crashEffect is what an injected crash leaves behind: the one thing the
-// model states per design by hand. Which verdicts follow from it is read
-// from each variant's declaration (and checked against it).
-type crashEffect int
-
-const (
-	// The open transaction rolls back, claim included; what committed stays.
-	crashRollsBack crashEffect = iota
-	// The process dies and its heap with it: every key the crashing
-	// namespace held is gone (each namespace is a process of its own).
-	crashWipesHeap
-	// The claim stays behind until its TTL; the record is never written.
-	crashLeavesClaim
-	// A committed claim stays until its lease ends; what the second phase
-	// committed (charge and response together) stays.
-	crashLeavesLease
-)
-
-var crashEffects = map[lab.StoreName]crashEffect{
-	memory.Name:   crashWipesHeap,
-	redis.Name:    crashLeavesClaim,
-	postgres.Name: crashRollsBack,
-	lease.Name:    crashLeavesLease,
-	cached.Name:   crashRollsBack, // PostgreSQL decides; the cache is filled only after the commit
-}
-
 // profile is what the model needs to know of a design.
 type profile struct {
-	crash          crashEffect
-	restartForgets bool // a restart loses the namespace's keys (declared: store_restart breaks)
-	expiryForgets  bool // past its retention a key is new again (declared: expired breaks)
-	canJump        bool // the clock the keys expire by can be moved
+	crash          variant.CrashEffect // declared by the design
+	restartForgets bool                // a restart loses the namespace's keys (declared: store_restart breaks)
+	expiryForgets  bool                // past its retention a key is new again (declared: expired breaks)
+	canJump        bool                // the clock the keys expire by can be moved
 }
 
 // profileOf reads the design's declaration and refuses one the model
 // cannot describe.
 func profileOf(t *testing.T, b backend) profile {
 	t.Helper()
-	effect, ok := crashEffects[b.v.Name]
-	if !ok {
-		t.Fatalf("the state machine has no model of %s: add its crash effect to crashEffects", b.v.Name)
-	}
+	effect := b.v.Crash // NewRegistry holds a keyed design to declaring one
 	declared := func(c variant.Case) lab.Verdict { return promised(t, b.v, c, lab.Faults{}) }
 	// Promises the model takes for granted of every keyed design.
 	for _, c := range []variant.Case{variant.CaseRetries, variant.CaseReused, variant.CaseTenants,
@@ -95,7 +61,7 @@ func profileOf(t *testing.T, b backend) profile {
 			t.Fatalf("%s declares %s for %s; the model assumes it holds", b.v.Name, declared(c), c)
 		}
 	}
-	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != crashRollsBack && effect != crashLeavesLease) {
+	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != variant.CrashRollsBack && effect != variant.CrashLeavesLease) {
 		t.Fatalf("%s declares crash_after_charge %s, which its crash effect in the model contradicts", b.v.Name, declared(variant.FaultCase(lab.FaultCrashAfterCharge)))
 	}
 	return profile{
@@ -159,7 +125,7 @@ func TestStateMachine(t *testing.T) {
 			p := profileOf(t, b)
 			svc := startServices(t, b)
 			wait := machineWait
-			if b.redis != "" || p.crash == crashLeavesLease {
+			if b.redis != "" || p.crash == variant.CrashLeavesLease {
 				wait = machineRedisWait // every retry on a stale claim sits the wait out
 			}
 			var n atomic.Int64
@@ -301,15 +267,15 @@ func (m *machine) attempt(t *rapid.T, s slot, amount int64, point lab.FaultPoint
 			k.charge(amount)
 		}
 		switch m.p.crash {
-		case crashWipesHeap:
+		case variant.CrashWipesHeap:
 			m.forget(lab.NamespaceOf(m.tenant(s)))
-		case crashLeavesClaim:
+		case variant.CrashLeavesClaim:
 			m.live(k, claimed, amount, lab.Response{}, machineClaimTTL)
-		case crashRollsBack:
+		case variant.CrashRollsBack:
 			if charged {
 				m.live(k, unseen, amount, lab.Response{}, machineWindow)
 			}
-		case crashLeavesLease:
+		case variant.CrashLeavesLease:
 			if charged {
 				m.live(k, unseen, amount, lab.Response{}, machineWindow)
 			} else {
