@@ -1,4 +1,4 @@
-package conformance_test
+package conformance
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/variant"
-	"github.com/idempotency-lab/lab/variants"
 )
 
 // tb is what the helpers need from a *testing.T or a *rapid.T.
@@ -49,33 +48,24 @@ type backend struct {
 	postgres bool
 }
 
-// keyedBackends lists every registered variant that requires a key, on
-// every backend it can run on.
-func keyedBackends(t *testing.T) []backend {
-	t.Helper()
-	var out []backend
-	for _, v := range variants.Builtin() {
-		if !v.RequiresKey {
-			continue
-		}
-		needs := map[variant.Need]bool{}
-		for _, n := range v.Needs {
-			needs[n] = true
-		}
-		modes := []string{""}
-		if needs[variant.NeedRedis] {
-			modes = []string{redisEmbedded, redisReal}
-		}
-		for _, mode := range modes {
-			b := backend{name: string(v.Name), v: v, redis: mode, postgres: needs[variant.NeedPostgres]}
-			if mode != "" {
-				b.name += "-" + mode
-			}
-			out = append(out, b)
-		}
+// backends lists the backends v runs on: Redis both embedded and real
+// when it needs Redis, beside PostgreSQL when it needs that.
+func backends(v variant.Variant) []backend {
+	needs := map[variant.Need]bool{}
+	for _, n := range v.Needs {
+		needs[n] = true
 	}
-	if len(out) == 0 {
-		t.Fatal("no registered variant requires a key: nothing to check")
+	modes := []string{""}
+	if needs[variant.NeedRedis] {
+		modes = []string{redisEmbedded, redisReal}
+	}
+	var out []backend
+	for _, mode := range modes {
+		b := backend{name: string(v.Name), v: v, redis: mode, postgres: needs[variant.NeedPostgres]}
+		if mode != "" {
+			b.name += "-" + mode
+		}
+		out = append(out, b)
 	}
 	return out
 }

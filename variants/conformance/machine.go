@@ -1,4 +1,4 @@
-package conformance_test
+package conformance
 
 import (
 	"errors"
@@ -34,11 +34,9 @@ const (
 
 // Each check owns two namespaces, "a" (tenants a and a~2, its second
 // tenant) and "b", with two keys per tenant and two requests per key.
-var (
-	machineRoles   = []string{"a", "a" + lab.SecondTenantSuffix, "b"}
-	machineKeys    = []string{"k0", "k1"}
-	machineAmounts = []int64{100, 250} // two requests, two fingerprints
-)
+func machineRoles() []string  { return []string{"a", "a" + lab.SecondTenantSuffix, "b"} }
+func machineKeys() []string   { return []string{"k0", "k1"} }
+func machineAmounts() []int64 { return []int64{100, 250} } // two requests, two fingerprints
 
 // profile is what the model needs to know of a design.
 type profile struct {
@@ -87,9 +85,9 @@ const (
 	claimed                   // a stale claim: its request waits (409), another gets 422
 )
 
-var stateNames = [...]string{"absent", "completed", "unseen", "claimed"}
-
-func (s keyState) String() string { return stateNames[s] }
+func (s keyState) String() string {
+	return [...]string{"absent", "completed", "unseen", "claimed"}[s]
+}
 
 type modelKey struct {
 	state   keyState
@@ -109,53 +107,48 @@ type machine struct {
 	dirty  map[slot]bool // keys to check after the step
 }
 
-// TestStateMachine interleaves charges, retries, concurrent twins, crashes,
-// outbox failures, restarts and clock jumps at random, and checks each store
-// against a model of what it promises. After every step the ledger holds
+// stateMachine interleaves charges, retries, concurrent twins, crashes,
+// outbox failures, restarts and clock jumps at random, and checks the store
+// on backend b against a model of what it promises. After every step the ledger holds
 // exactly the charges the model predicts (so never a second charge for a
 // live key where the design holds), every replay is the first response
 // byte for byte, and another request on a live key gets 422 and charges
 // nothing. The model forgets keys only where the design declares a break —
 // on restart, on crash_after_charge, past the window — and only in the
 // namespace that restarted or crashed.
-func TestStateMachine(t *testing.T) {
-	for _, b := range keyedBackends(t) {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			p := profileOf(t, b)
-			svc := startServices(t, b)
-			wait := machineWait
-			if b.redis != "" || p.crash == variant.CrashLeavesLease {
-				wait = machineRedisWait // every retry on a stale claim sits the wait out
-			}
-			var n atomic.Int64
-			rapid.Check(t, func(rt *rapid.T) {
-				i := n.Add(1)
-				m := &machine{
-					e:      svc.open(rt, settings{window: machineWindow, wait: wait, claimTTL: machineClaimTTL, prefix: fmt.Sprintf("c%d:", i)}),
-					p:      p,
-					prefix: fmt.Sprintf("n%d", i), // each check its own tenants, on shared servers
-					keys:   map[slot]*modelKey{},
-					dirty:  map[slot]bool{},
-				}
-				for _, r := range machineRoles {
-					for _, k := range machineKeys {
-						m.slots = append(m.slots, slot{r, k})
-						m.keys[slot{r, k}] = &modelKey{}
-					}
-				}
-				rt.Repeat(m.actions())
-				m.touch("")
-				m.check(rt)
-			})
-		})
+func stateMachine(t *testing.T, b backend) {
+	p := profileOf(t, b)
+	svc := startServices(t, b)
+	wait := machineWait
+	if b.redis != "" || p.crash == variant.CrashLeavesLease {
+		wait = machineRedisWait // every retry on a stale claim sits the wait out
 	}
+	var n atomic.Int64
+	rapid.Check(t, func(rt *rapid.T) {
+		i := n.Add(1)
+		m := &machine{
+			e:      svc.open(rt, settings{window: machineWindow, wait: wait, claimTTL: machineClaimTTL, prefix: fmt.Sprintf("c%d:", i)}),
+			p:      p,
+			prefix: fmt.Sprintf("n%d", i), // each check its own tenants, on shared servers
+			keys:   map[slot]*modelKey{},
+			dirty:  map[slot]bool{},
+		}
+		for _, r := range machineRoles() {
+			for _, k := range machineKeys() {
+				m.slots = append(m.slots, slot{r, k})
+				m.keys[slot{r, k}] = &modelKey{}
+			}
+		}
+		rt.Repeat(m.actions())
+		m.touch("")
+		m.check(rt)
+	})
 }
 
 func (m *machine) actions() map[string]func(*rapid.T) {
-	roles := rapid.SampledFrom(machineRoles)
-	keys := rapid.SampledFrom(machineKeys)
-	amounts := rapid.SampledFrom(machineAmounts)
+	roles := rapid.SampledFrom(machineRoles())
+	keys := rapid.SampledFrom(machineKeys())
+	amounts := rapid.SampledFrom(machineAmounts())
 	draw := func(t *rapid.T) slot { return slot{roles.Draw(t, "tenant"), keys.Draw(t, "key")} }
 	acts := map[string]func(*rapid.T){
 		"": m.check,
