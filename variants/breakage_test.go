@@ -255,7 +255,7 @@ func TestMatrix(t *testing.T) {
 }
 
 // checkReadmeMatrix fails when the README's matrix no longer matches what
-// the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown`).
+// the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown -write`).
 func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 	t.Helper()
 	readme, err := os.ReadFile("../README.md")
