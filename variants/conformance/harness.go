@@ -329,6 +329,32 @@ func promised(t tb, v variant.Variant, c variant.Case, f lab.Faults) lab.Verdict
 	return m.Expected(f)
 }
 
+// racesTwins reports a design whose concurrent retries break, as it
+// declares: nothing marks a key taken before its answer is written, so
+// attempts that overlap each charge, and none of them waits for another.
+func racesTwins(t tb, v variant.Variant) bool {
+	t.Helper()
+	return promised(t, v, variant.CaseRetries, lab.Faults{}) == lab.Breaks
+}
+
+// oneAtATime is the verdict of case c when no two attempts of one tenant
+// overlap, as in the scenarios and the state machine, where retries go one
+// at a time. It is the declared one, except that a design whose twins race
+// declares crash_after_claim, outbox_fail and tenants broken only because
+// the matrix releases their retries, or a tenant's attempts, together: one
+// at a time they find nothing charged, or the first one's answer, and
+// charge once.
+func oneAtATime(t tb, v variant.Variant, c variant.Case, f lab.Faults) lab.Verdict {
+	t.Helper()
+	switch c {
+	case variant.FaultCase(lab.FaultCrashAfterClaim), variant.FaultCase(lab.FaultOutboxFail), variant.CaseTenants:
+		if racesTwins(t, v) {
+			return lab.Holds
+		}
+	}
+	return promised(t, v, c, f)
+}
+
 // chargeBody decodes a 201's body.
 func chargeBody(t tb, r lab.Response) lab.Charge {
 	t.Helper()
