@@ -73,7 +73,7 @@ const (
 	// CrashNothingToLose: the design keeps no keys (unsafe).
 	CrashNothingToLose CrashEffect = "nothing to lose"
 	// CrashWipesHeap: the keys live in the process heap and die with it:
-	// every key of the crashing namespace is gone (memory).
+	// every key of the crashing namespace is gone (memory, look-first).
 	CrashWipesHeap CrashEffect = "heap wiped"
 	// CrashLeavesClaim: the claim stays behind until its TTL, and the
 	// completed record is never written (redis).
