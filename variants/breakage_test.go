@@ -222,21 +222,21 @@ func TestMatrix(t *testing.T) {
 	// acceptance list, written here rather than read from the code's own
 	// expectations.
 	const H, B = lab.Holds, lab.Breaks
-	want := map[string][6]lab.Verdict{ // unsafe, memory, redis, postgres, lease, redis+postgres
-		"retries":            {B, H, H, H, H, H},
-		"replicas":           {B, B, H, H, H, H},
-		"slow_short_ttl":     {B, H, B, H, H, H},
-		"slow_long_ttl":      {B, H, H, H, H, H},
-		"crash_after_claim":  {B, H, H, H, H, H},
-		"crash_after_charge": {B, B, B, H, H, H},
-		"outbox_fail":        {B, H, H, H, H, H},
-		"store_restart":      {B, B, B, H, H, H},
-		"expired":            {B, B, B, B, B, B},
-		"expired_order_id":   {H, H, H, H, H, H},
-		"stale_worker":       {B, H, B, H, H, H},
-		"failover":           {B, H, B, H, H, H},
-		"reused":             {B, H, H, H, H, H},
-		"tenants":            {B, H, H, H, H, H},
+	want := map[string][7]lab.Verdict{ // unsafe, look-first, memory, redis, postgres, lease, redis+postgres
+		"retries":            {B, B, H, H, H, H, H},
+		"replicas":           {B, B, B, H, H, H, H},
+		"slow_short_ttl":     {B, B, H, B, H, H, H},
+		"slow_long_ttl":      {B, B, H, H, H, H, H},
+		"crash_after_claim":  {B, B, H, H, H, H, H},
+		"crash_after_charge": {B, B, B, B, H, H, H},
+		"outbox_fail":        {B, B, H, H, H, H, H},
+		"store_restart":      {B, B, B, B, H, H, H},
+		"expired":            {B, B, B, B, B, B, B},
+		"expired_order_id":   {H, H, H, H, H, H, H},
+		"stale_worker":       {B, B, H, B, H, H, H},
+		"failover":           {B, H, H, B, H, H, H},
+		"reused":             {B, H, H, H, H, H, H},
+		"tenants":            {B, B, H, H, H, H, H},
 	}
 	if len(m.Rows) != len(want) {
 		t.Fatalf("%d rows, want %d", len(m.Rows), len(want))
@@ -255,7 +255,7 @@ func TestMatrix(t *testing.T) {
 }
 
 // checkReadmeMatrix fails when the README's matrix no longer matches what
-// the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown`).
+// the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown -write`).
 func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 	t.Helper()
 	readme, err := os.ReadFile("../README.md")

@@ -21,30 +21,30 @@ import (
 func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig(func(c *app.Config) {
-		c.Variants = append(variants.Builtin(), labtest.LookFirst())
+		c.Variants = append(variants.Builtin(), labtest.OneLock())
 		c.RedisPair = true // every row of the matrix runs, failover included
 	}))
 
 	index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, ""))
 	last := index.Variants[len(index.Variants)-1]
-	if last.Name != "look-first" || !last.Available || last.Label != "look, then charge" || !last.RequiresKey {
+	if last.Name != labtest.OneLockName || !last.Available || last.Label != "one lock around the charge" || !last.RequiresKey {
 		t.Fatalf("index lists %+v last", last)
 	}
-	if _, ok := index.Stores["look-first"]; !ok {
+	if _, ok := index.Stores[labtest.OneLockName]; !ok {
 		t.Fatal("index.stores lacks the new variant")
 	}
 
-	if r := labtest.Charge(t, a.URL(), "look-first", labtest.Acme, "k-toy", body2500); r.Status != http.StatusCreated {
+	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", body2500); r.Status != http.StatusCreated {
 		t.Fatalf("POST /charges: %d %s", r.Status, r.Body)
 	}
-	if r := labtest.Charge(t, a.URL(), "look-first", labtest.Acme, "k-toy", body2500); r.Header.Get("Idempotent-Replayed") != "true" {
+	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", body2500); r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("sequential retry: %d, replayed %q", r.Status, r.Header.Get("Idempotent-Replayed"))
 	}
-	rep := getRun(t, a.URL()+"/charge-idempotent?store=look-first&attempts=16&key=k-toy-storm")
-	if rep.ExpectedVerdict != lab.Breaks || rep.Explanation == "" {
-		t.Fatalf("run: expected %q, explanation %q", rep.ExpectedVerdict, rep.Explanation)
+	rep := getRun(t, a.URL()+"/charge-idempotent?store="+string(labtest.OneLockName)+"&attempts=16&key=k-toy-storm")
+	if rep.Verdict != lab.Holds || rep.ExpectedVerdict != lab.Holds || rep.Explanation == "" {
+		t.Fatalf("run: %s, expected %q, explanation %q", rep.Verdict, rep.ExpectedVerdict, rep.Explanation)
 	}
-	if n := keyCharges(t, a, "acme", "look-first", "k-toy-storm"); n != rep.KeyCharges || n < 1 {
+	if n := keyCharges(t, a, "acme", labtest.OneLockName, "k-toy-storm"); n != rep.KeyCharges || n != 1 {
 		t.Fatalf("ledger holds %d charges, the report %d", n, rep.KeyCharges)
 	}
 
@@ -52,7 +52,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := m.Stores[len(m.Stores)-1]; got != "look-first" {
+	if got := m.Stores[len(m.Stores)-1]; got != labtest.OneLockName {
 		t.Fatalf("matrix columns %v", m.Stores)
 	}
 	_, noPair := redisdb.FindServer() // the failover row runs on a pair of redis-servers
@@ -64,27 +64,29 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 			}
 			continue
 		}
-		if c.Store != "look-first" || !c.Available || c.RunID == "" {
+		if c.Store != labtest.OneLockName || !c.Available || c.RunID == "" {
 			t.Errorf("%s: cell %+v, want a real run", row.Case.Name, c)
 		}
 	}
 	var md strings.Builder
-	if err := m.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "`look-first`") {
+	if err := m.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "`"+string(labtest.OneLockName)+"`") {
 		t.Fatalf("markdown lacks the column (%v):\n%s", err, md.String())
 	}
 }
 
-// TestRegistryRefusesBadVariants: names, effects, needs and verdicts are
-// checked once, when the lab starts.
+// TestRegistryRefusesBadVariants: names, effects, needs, crash effects and
+// verdicts are checked once, when the lab starts.
 func TestRegistryRefusesBadVariants(t *testing.T) {
 	t.Parallel()
-	ok := labtest.LookFirst()
+	ok := labtest.OneLock()
 	for name, mutate := range map[string]func(*variant.Variant){
 		"duplicate name": func(v *variant.Variant) { v.Name = "memory" },
-		"bad name":       func(v *variant.Variant) { v.Name = "Look First" },
+		"bad name":       func(v *variant.Variant) { v.Name = "One Lock" },
 		"no open":        func(v *variant.Variant) { v.Open = nil },
 		"bad effects":    func(v *variant.Variant) { v.Effects = "carrier pigeon" },
 		"unknown need":   func(v *variant.Variant) { v.Needs = []variant.Need{"kafka"} },
+		"no crash":       func(v *variant.Variant) { v.Crash = "" },
+		"keyless crash":  func(v *variant.Variant) { v.Name, v.RequiresKey, v.Effects = "no-key-toy", false, "direct" },
 		"bad verdict": func(v *variant.Variant) {
 			v.Mechanisms = map[variant.Case]variant.Mechanism{variant.CaseRetries: {Usual: "maybe"}}
 		},

@@ -7,16 +7,20 @@ import (
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/lease"
+	"github.com/idempotency-lab/lab/variants/lookfirst"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
 )
 
-// Builtin returns every design the lab ships.
+// Builtin returns every design the lab ships, in the lesson's order: no key
+// at all, a key looked up before acting (the race), then the claims that
+// close the race, one replica to many.
 func Builtin() []variant.Variant {
 	return []variant.Variant{
 		nokey.Variant(),
+		lookfirst.Variant(),
 		memory.Variant(),
 		redis.Variant(),
 		postgres.Variant(),

@@ -153,7 +153,7 @@ func shots(ctx context.Context, t *testing.T, name string) {
 // and a run on the new variant answers on the page.
 func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 	cfg := app.DefaultConfig()
-	cfg.Variants = append(variants.Builtin(), labtest.LookFirst())
+	cfg.Variants = append(variants.Builtin(), labtest.OneLock())
 	cfg.Addr = "127.0.0.1:0"
 	cfg.EmbedPostgres = false // so one store is unavailable, and must show it
 	a := labtest.Start(t, cfg)
@@ -191,7 +191,7 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 			t.Errorf("option %d: %+v, index says %s (available %v)", i, stores[i], v.Name, v.Available)
 		}
 	}
-	if last := stores[len(stores)-1]; last.Value != "look-first" || last.Disabled {
+	if last := stores[len(stores)-1]; last.Value != string(labtest.OneLockName) || last.Disabled {
 		t.Errorf("the registered toy variant is %+v in the page", last)
 	}
 
@@ -230,7 +230,7 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 
 	// A run on the new variant, from the page.
 	if err := chromedp.Do(ctx,
-		chromedp.SetValue(chromedp.ID("store"), "look-first"),
+		chromedp.SetValue(chromedp.ID("store"), string(labtest.OneLockName)),
 		chromedp.SetValue(chromedp.ID("compare"), ""),
 		chromedp.SetValue(chromedp.ID("fault"), ""),
 		chromedp.SetValue(chromedp.ID("key"), "page-toy-1"),
@@ -242,10 +242,10 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 	if err != nil {
 		t.Fatalf("no verdict on the page: %v", err)
 	}
-	if !strings.HasPrefix(verdict, "look-first: ") {
+	if !strings.HasPrefix(verdict, string(labtest.OneLockName)+": ") {
 		t.Errorf("verdict %q, want the toy variant's run", verdict)
 	}
-	if k, err := a.Books().KeyCharges(context.Background(), "acme", "look-first", "page-toy-1"); err != nil || k.Charges < 1 {
+	if k, err := a.Books().KeyCharges(context.Background(), "acme", labtest.OneLockName, "page-toy-1"); err != nil || k.Charges < 1 {
 		t.Errorf("the page's run left %d charges in the ledger (%v)", k.Charges, err)
 	}
 	if p := problems(); len(p) > 0 {

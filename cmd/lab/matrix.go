@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -17,7 +18,7 @@ import (
 
 // runMatrix runs the breakage matrix on a lab of its own (started with the
 // same configuration as serve, on a free loopback port), or on a running
-// lab with -url, and prints it.
+// lab with -url, and prints it; with -write, it rewrites README.md's copy.
 func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	m := NewMain(stderr)
 	fs, err := m.flags("lab matrix")
@@ -26,11 +27,15 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	format := fs.String("format", "table", "table, markdown or json")
 	remote := fs.String("url", "", "base URL of a running lab to run the matrix on (default: start one here)")
+	write := fs.Bool("write", false, "with -format markdown, rewrite the table in "+readmeFile+" (between its matrix markers) instead of printing it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *format != "table" && *format != "markdown" && *format != "json" {
 		return fmt.Errorf("-format must be table, markdown or json (got %q)", *format)
+	}
+	if *write && (*format != "markdown" || *remote != "") {
+		return errors.New("-write rewrites the README's markdown table from a matrix run here: use -format markdown, without -url")
 	}
 	if *remote != "" {
 		return remoteMatrix(ctx, strings.TrimSuffix(*remote, "/"), *format, stdout)
@@ -63,13 +68,66 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	switch *format {
-	case "markdown":
+	switch {
+	case *write:
+		return writeReadme(readmeFile, mx)
+	case *format == "markdown":
 		return mx.WriteMarkdown(stdout)
-	case "json":
+	case *format == "json":
 		return mx.WriteJSON(stdout)
 	}
 	return mx.WriteTable(stdout)
+}
+
+// The README's copy of the matrix, which a test holds to what the lab
+// produces, sits between these lines.
+const (
+	readmeFile  = "README.md"
+	matrixBegin = "<!-- matrix:begin -->\n"
+	matrixEnd   = "<!-- matrix:end -->"
+)
+
+// writeReadme rewrites the matrix in the README at path. The table is the
+// lesson, so a cell that did not run, or whose verdict is not its design's
+// usual one, is refused rather than written down.
+func writeReadme(path string, mx experiment.Matrix) error {
+	var bad []string
+	for _, row := range mx.Rows {
+		for _, c := range row.Cells {
+			if !c.Available {
+				bad = append(bad, fmt.Sprintf("%s/%s did not run here: %s", row.Case.Name, c.Store, c.HowToEnable))
+			}
+		}
+	}
+	if bad = append(bad, mx.Mismatches()...); len(bad) > 0 {
+		return fmt.Errorf("%s not rewritten: every cell must run and reach its design's usual verdict:\n%s", path, strings.Join(bad, "\n"))
+	}
+	var table strings.Builder
+	if err := mx.WriteMarkdown(&table); err != nil {
+		return err
+	}
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("error reading the README: %w", err)
+	}
+	out, err := spliceMatrix(string(doc), table.String())
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := os.WriteFile(path, []byte(out), 0o644); err != nil {
+		return fmt.Errorf("error writing the README: %w", err)
+	}
+	return nil
+}
+
+// spliceMatrix puts table in place of what doc holds between the markers.
+func spliceMatrix(doc, table string) (string, error) {
+	head, rest, ok := strings.Cut(doc, matrixBegin)
+	_, tail, ok2 := strings.Cut(rest, matrixEnd)
+	if !ok || !ok2 {
+		return "", fmt.Errorf("no matrix between %q and %q", strings.TrimSpace(matrixBegin), matrixEnd)
+	}
+	return head + matrixBegin + table + matrixEnd + tail, nil
 }
 
 // progressLine shows the matrix's progress: a bar redrawn in place on a

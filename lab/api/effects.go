@@ -10,25 +10,29 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/tenants"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
 
 var errEffectsRunning = problem(http.StatusConflict, "effects_running", "Effects matrix running",
 	"this namespace is already running the effects matrix: the provider's faults are the namespace's while it runs; wait for it to end")
 
 // effectStores picks the store of each transport: the first available
-// variant sending directly, and the first keyed one writing an outbox.
+// variant sending directly, and the first keyed one writing an outbox whose
+// concurrent retries hold: the matrix judges the effects of one charge, so
+// the charge itself must be decided once.
 func (s *Server) effectStores() (map[string]lab.StoreName, error) {
 	out := map[string]lab.StoreName{}
 	for _, v := range s.deps.Variants.All() {
 		if _, ok := s.deps.Stores[v.Name]; !ok {
 			continue
 		}
-		if _, have := out[v.Effects]; !have && (v.Effects == "direct" || v.RequiresKey) {
+		keyed := v.RequiresKey && v.Mechanisms[variant.CaseRetries].Usual == lab.Holds
+		if _, have := out[v.Effects]; !have && (v.Effects == "direct" || keyed) {
 			out[v.Effects] = v.Name
 		}
 	}
 	if out["direct"] == "" || out["outbox"] == "" {
-		return nil, lab.Invalid("store", "the effects matrix needs a variant that sends directly and a keyed one with an outbox")
+		return nil, lab.Invalid("store", "the effects matrix needs a variant that sends directly and a keyed one with an outbox whose retries hold")
 	}
 	return out, nil
 }

@@ -20,7 +20,7 @@ func FuzzRouteQuery(f *testing.F) {
 		f.Add(seed)
 	}
 	reg, err := variant.NewRegistry(
-		variant.Variant{Name: "keyed", RequiresKey: true, Effects: "outbox", Lifetime: "claim TTL",
+		variant.Variant{Name: "keyed", RequiresKey: true, Effects: "outbox", Lifetime: "claim TTL", Crash: variant.CrashLeavesClaim,
 			Open: func(context.Context, variant.Deps) (lab.Store, error) { return nil, nil }},
 		variant.Variant{Name: "plain", Effects: "direct", Open: func(context.Context, variant.Deps) (lab.Store, error) { return nil, nil }})
 	if err != nil {

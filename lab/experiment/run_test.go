@@ -20,7 +20,7 @@ import (
 func keyed(t *testing.T) *variant.Registry {
 	t.Helper()
 	reg, err := variant.NewRegistry(variant.Variant{
-		Name: "keyed", RequiresKey: true, Effects: "outbox",
+		Name: "keyed", RequiresKey: true, Effects: "outbox", Crash: variant.CrashRollsBack,
 		Open: func(context.Context, variant.Deps) (lab.Store, error) { return nil, nil },
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries: {Usual: lab.Holds, Holds: "it holds", Breaks: "it breaks"},

@@ -63,6 +63,39 @@ func (m Mechanism) Expected(f lab.Faults) lab.Verdict {
 	return m.Usual
 }
 
+// CrashEffect is what a crash of the process leaves of a design's keys: the
+// one fact about a crash that the conformance suite's model of the design
+// cannot read from its verdicts.
+type CrashEffect string
+
+// Crash effects a design may declare.
+const (
+	// CrashNothingToLose: the design keeps no keys (unsafe).
+	CrashNothingToLose CrashEffect = "nothing to lose"
+	// CrashWipesHeap: the keys live in the process heap and die with it:
+	// every key of the crashing namespace is gone (memory, look-first).
+	CrashWipesHeap CrashEffect = "heap wiped"
+	// CrashLeavesClaim: the claim stays behind until its TTL, and the
+	// completed record is never written (redis).
+	CrashLeavesClaim CrashEffect = "claim stays until its TTL"
+	// CrashRollsBack: the open transaction rolls back, claim included;
+	// what committed stays (postgres, redis+postgres).
+	CrashRollsBack CrashEffect = "transaction rolls back"
+	// CrashLeavesLease: a committed claim stays until its lease ends; what
+	// the second phase committed (charge and response together) stays
+	// (lease).
+	CrashLeavesLease CrashEffect = "lease stays until it ends"
+)
+
+// keeps reports an effect a design that keeps keys may declare.
+func (e CrashEffect) keeps() bool {
+	switch e {
+	case CrashWipesHeap, CrashLeavesClaim, CrashRollsBack, CrashLeavesLease:
+		return true
+	}
+	return false
+}
+
 // Variant declares one idempotency design.
 type Variant struct {
 	Name    lab.StoreName
@@ -78,7 +111,10 @@ type Variant struct {
 	// "claim TTL" (a lock that expires) or "lease" (renewed while its worker
 	// lives). Runs draw it as a bar beside the claim; "" for none.
 	Lifetime string
-	Needs    []Need
+	// Crash is what a crash leaves of the design's keys; a keyed design
+	// must declare it.
+	Crash CrashEffect
+	Needs []Need
 	// HowToEnable tells an operator what to set when a need is missing.
 	HowToEnable string
 	// Mechanisms explain the design's outcome in each case; a case without
@@ -138,7 +174,8 @@ type Registry struct {
 var validName = regexp.MustCompile(`^[a-z][a-z0-9+_-]{0,31}$`)
 
 // NewRegistry checks and orders vs as given: names unique and URL-safe,
-// Open set, known needs, usual verdicts valid.
+// Open set, known needs, a keyed design's crash effect declared, usual
+// verdicts valid.
 func NewRegistry(vs ...Variant) (*Registry, error) {
 	r := &Registry{byName: map[lab.StoreName]int{}}
 	var errs []error
@@ -150,6 +187,12 @@ func NewRegistry(vs ...Variant) (*Registry, error) {
 			errs = append(errs, fmt.Errorf("variant %s: Open is nil", v.Name))
 		case v.Effects != "outbox" && v.Effects != "direct":
 			errs = append(errs, fmt.Errorf("variant %s: Effects must be outbox or direct (got %q)", v.Name, v.Effects))
+		case v.RequiresKey && !v.Crash.keeps():
+			errs = append(errs, fmt.Errorf("variant %s: a keyed design declares what a crash leaves of its keys: Crash must be %q, %q, %q or %q (got %q)",
+				v.Name, CrashWipesHeap, CrashLeavesClaim, CrashRollsBack, CrashLeavesLease, v.Crash))
+		case !v.RequiresKey && v.Crash != "" && v.Crash != CrashNothingToLose:
+			errs = append(errs, fmt.Errorf("variant %s: a design without keys has nothing a crash could leave: Crash must be %q or empty (got %q)",
+				v.Name, CrashNothingToLose, v.Crash))
 		}
 		if _, dup := r.byName[v.Name]; dup {
 			errs = append(errs, fmt.Errorf("variant %s registered twice", v.Name))

@@ -17,6 +17,7 @@ func Variant() variant.Variant {
 		Keys:        "PostgreSQL table cached_requests decides; Redis holds copies of completed responses until the key expires",
 		RequiresKey: true,
 		Effects:     "outbox",
+		Crash:       variant.CrashRollsBack, // PostgreSQL decides; the cache is filled only after the commit
 		Needs:       []variant.Need{variant.NeedPostgres, variant.NeedRedis},
 		HowToEnable: "set DATABASE_URL and REDIS_URL (or run lab serve with the throwaway PostgreSQL and the embedded Redis, the defaults)",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {

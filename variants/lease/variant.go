@@ -16,6 +16,7 @@ func Variant() variant.Variant {
 		Keys:        "PostgreSQL table lease_requests, claimed in its own short transaction, visible while the work runs",
 		RequiresKey: true,
 		Effects:     "outbox",
+		Crash:       variant.CrashLeavesLease,
 		Lifetime:    "lease",
 		Needs:       []variant.Need{variant.NeedPostgres},
 		HowToEnable: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",

@@ -4,6 +4,9 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// The conformance suite runs memory beside the real services' backends.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(labtest.WithServices(m)) }

@@ -19,6 +19,7 @@ func Variant() variant.Variant {
 		Keys:        "a map in this replica's heap, claimed under a mutex",
 		RequiresKey: true,
 		Effects:     "outbox",
+		Crash:       variant.CrashWipesHeap,
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
 			return New(Config{Ledger: d.Ledger, Window: d.Window, Wait: d.Wait, Now: d.Clock})
 		},

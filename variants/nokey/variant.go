@@ -16,6 +16,7 @@ func Variant() variant.Variant {
 		Keys:        "nowhere: the key is ignored",
 		RequiresKey: false,
 		Effects:     "direct",
+		Crash:       variant.CrashNothingToLose,
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
 			return New(books{d.Ledger, d.Sender}, d.Clock, d.Logger)
 		},

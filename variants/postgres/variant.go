@@ -19,6 +19,7 @@ func Variant() variant.Variant {
 		Keys:        "PostgreSQL table idempotency_requests, claimed by INSERT … ON CONFLICT in the charge's transaction",
 		RequiresKey: true,
 		Effects:     "outbox",
+		Crash:       variant.CrashRollsBack,
 		Needs:       []variant.Need{variant.NeedPostgres},
 		HowToEnable: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {

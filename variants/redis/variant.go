@@ -20,6 +20,7 @@ func Variant() variant.Variant {
 		Keys:        "Redis, under the lab's key prefix, claimed with SET NX PX",
 		RequiresKey: true,
 		Effects:     "outbox",
+		Crash:       variant.CrashLeavesClaim,
 		Lifetime:    "claim TTL",
 		Needs:       []variant.Need{variant.NeedRedis},
 		HowToEnable: "set REDIS_URL (e.g. redis://127.0.0.1:6379/0), or run lab serve with the embedded Redis (the default)",

@@ -1,4 +1,4 @@
-package conformance_test
+package conformance
 
 import (
 	"context"
@@ -20,7 +20,6 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/variant"
-	"github.com/idempotency-lab/lab/variants"
 )
 
 // tb is what the helpers need from a *testing.T or a *rapid.T.
@@ -49,33 +48,24 @@ type backend struct {
 	postgres bool
 }
 
-// keyedBackends lists every registered variant that requires a key, on
-// every backend it can run on.
-func keyedBackends(t *testing.T) []backend {
-	t.Helper()
-	var out []backend
-	for _, v := range variants.Builtin() {
-		if !v.RequiresKey {
-			continue
-		}
-		needs := map[variant.Need]bool{}
-		for _, n := range v.Needs {
-			needs[n] = true
-		}
-		modes := []string{""}
-		if needs[variant.NeedRedis] {
-			modes = []string{redisEmbedded, redisReal}
-		}
-		for _, mode := range modes {
-			b := backend{name: string(v.Name), v: v, redis: mode, postgres: needs[variant.NeedPostgres]}
-			if mode != "" {
-				b.name += "-" + mode
-			}
-			out = append(out, b)
-		}
+// backends lists the backends v runs on: Redis both embedded and real
+// when it needs Redis, beside PostgreSQL when it needs that.
+func backends(v variant.Variant) []backend {
+	needs := map[variant.Need]bool{}
+	for _, n := range v.Needs {
+		needs[n] = true
 	}
-	if len(out) == 0 {
-		t.Fatal("no registered variant requires a key: nothing to check")
+	modes := []string{""}
+	if needs[variant.NeedRedis] {
+		modes = []string{redisEmbedded, redisReal}
+	}
+	var out []backend
+	for _, mode := range modes {
+		b := backend{name: string(v.Name), v: v, redis: mode, postgres: needs[variant.NeedPostgres]}
+		if mode != "" {
+			b.name += "-" + mode
+		}
+		out = append(out, b)
 	}
 	return out
 }
@@ -209,7 +199,7 @@ func (e *env) replica(t tb) lab.Store {
 func (e *env) attempt(tenant, key string, amount int64, order string, f lab.Faults) lab.Attempt {
 	req := lab.ChargeRequest{Account: "acct-1", AmountCents: amount, Currency: "USD", OrderID: order}
 	return lab.Attempt{
-		Scope: lab.Scope{Tenant: tenant, Endpoint: lab.Endpoint, Key: key}, Request: req,
+		Scope: lab.Scope{Namespace: lab.NamespaceOf(tenant), Tenant: tenant, Endpoint: lab.Endpoint, Key: key}, Request: req,
 		Fingerprint: req.Fingerprint(), Store: e.b.v.Name, Run: "conformance", Faults: f,
 	}
 }
@@ -337,6 +327,32 @@ func promised(t tb, v variant.Variant, c variant.Case, f lab.Faults) lab.Verdict
 		t.Fatalf("variant %s declares no usual verdict for case %q: the conformance suite checks each store against its declaration", v.Name, c)
 	}
 	return m.Expected(f)
+}
+
+// racesTwins reports a design whose concurrent retries break, as it
+// declares: nothing marks a key taken before its answer is written, so
+// attempts that overlap each charge, and none of them waits for another.
+func racesTwins(t tb, v variant.Variant) bool {
+	t.Helper()
+	return promised(t, v, variant.CaseRetries, lab.Faults{}) == lab.Breaks
+}
+
+// oneAtATime is the verdict of case c when no two attempts of one tenant
+// overlap, as in the scenarios and the state machine, where retries go one
+// at a time. It is the declared one, except that a design whose twins race
+// declares crash_after_claim, outbox_fail and tenants broken only because
+// the matrix releases their retries, or a tenant's attempts, together: one
+// at a time they find nothing charged, or the first one's answer, and
+// charge once.
+func oneAtATime(t tb, v variant.Variant, c variant.Case, f lab.Faults) lab.Verdict {
+	t.Helper()
+	switch c {
+	case variant.FaultCase(lab.FaultCrashAfterClaim), variant.FaultCase(lab.FaultOutboxFail), variant.CaseTenants:
+		if racesTwins(t, v) {
+			return lab.Holds
+		}
+	}
+	return promised(t, v, c, f)
 }
 
 // chargeBody decodes a 201's body.

@@ -1,4 +1,4 @@
-package conformance_test
+package conformance
 
 import (
 	"errors"
@@ -13,11 +13,6 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/variant"
-	"github.com/idempotency-lab/lab/variants/cached"
-	"github.com/idempotency-lab/lab/variants/lease"
-	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/postgres"
-	"github.com/idempotency-lab/lab/variants/redis"
 )
 
 // The state machine's store parameters and clock jumps. Counted in 10 s,
@@ -39,67 +34,40 @@ const (
 
 // Each check owns two namespaces, "a" (tenants a and a~2, its second
 // tenant) and "b", with two keys per tenant and two requests per key.
-var (
-	machineRoles   = []string{"a", "a" + lab.SecondTenantSuffix, "b"}
-	machineKeys    = []string{"k0", "k1"}
-	machineAmounts = []int64{100, 250} // two requests, two fingerprints
-)
-
-// crashEffect is what an injected crash leaves behind: the one thing the
-// model states per design by hand. Which verdicts follow from it is read
-// from each variant's declaration (and checked against it).
-type crashEffect int
-
-const (
-	// The open transaction rolls back, claim included; what committed stays.
-	crashRollsBack crashEffect = iota
-	// The process dies and its heap with it: every key the crashing
-	// namespace held is gone (each namespace is a process of its own).
-	crashWipesHeap
-	// The claim stays behind until its TTL; the record is never written.
-	crashLeavesClaim
-	// A committed claim stays until its lease ends; what the second phase
-	// committed (charge and response together) stays.
-	crashLeavesLease
-)
-
-var crashEffects = map[lab.StoreName]crashEffect{
-	memory.Name:   crashWipesHeap,
-	redis.Name:    crashLeavesClaim,
-	postgres.Name: crashRollsBack,
-	lease.Name:    crashLeavesLease,
-	cached.Name:   crashRollsBack, // PostgreSQL decides; the cache is filled only after the commit
-}
+func machineRoles() []string  { return []string{"a", "a" + lab.SecondTenantSuffix, "b"} }
+func machineKeys() []string   { return []string{"k0", "k1"} }
+func machineAmounts() []int64 { return []int64{100, 250} } // two requests, two fingerprints
 
 // profile is what the model needs to know of a design.
 type profile struct {
-	crash          crashEffect
-	restartForgets bool // a restart loses the namespace's keys (declared: store_restart breaks)
-	expiryForgets  bool // past its retention a key is new again (declared: expired breaks)
-	canJump        bool // the clock the keys expire by can be moved
+	crash          variant.CrashEffect // declared by the design
+	races          bool                // concurrent twins each charge (declared: retries break)
+	restartForgets bool                // a restart loses the namespace's keys (declared: store_restart breaks)
+	expiryForgets  bool                // past its retention a key is new again (declared: expired breaks)
+	canJump        bool                // the clock the keys expire by can be moved
 }
 
 // profileOf reads the design's declaration and refuses one the model
 // cannot describe.
 func profileOf(t *testing.T, b backend) profile {
 	t.Helper()
-	effect, ok := crashEffects[b.v.Name]
-	if !ok {
-		t.Fatalf("the state machine has no model of %s: add its crash effect to crashEffects", b.v.Name)
-	}
+	effect := b.v.Crash // NewRegistry holds a keyed design to declaring one
 	declared := func(c variant.Case) lab.Verdict { return promised(t, b.v, c, lab.Faults{}) }
-	// Promises the model takes for granted of every keyed design.
-	for _, c := range []variant.Case{variant.CaseRetries, variant.CaseReused, variant.CaseTenants,
+	// Promises the model takes for granted of every keyed design, when no
+	// two attempts of a tenant overlap (the twins step is the one that
+	// overlaps them, and reads races).
+	for _, c := range []variant.Case{variant.CaseReused, variant.CaseTenants,
 		variant.FaultCase(lab.FaultCrashAfterClaim), variant.FaultCase(lab.FaultOutboxFail)} {
-		if declared(c) != lab.Holds {
-			t.Fatalf("%s declares %s for %s; the model assumes it holds", b.v.Name, declared(c), c)
+		if v := oneAtATime(t, b.v, c, lab.Faults{}); v != lab.Holds {
+			t.Fatalf("%s declares %s for %s; the model assumes it holds", b.v.Name, v, c)
 		}
 	}
-	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != crashRollsBack && effect != crashLeavesLease) {
+	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != variant.CrashRollsBack && effect != variant.CrashLeavesLease) {
 		t.Fatalf("%s declares crash_after_charge %s, which its crash effect in the model contradicts", b.v.Name, declared(variant.FaultCase(lab.FaultCrashAfterCharge)))
 	}
 	return profile{
 		crash:          effect,
+		races:          racesTwins(t, b.v),
 		restartForgets: declared(variant.FaultCase(lab.FaultStoreRestart)) == lab.Breaks,
 		expiryForgets:  declared(variant.FaultCase(lab.FaultExpired)) == lab.Breaks,
 		canJump:        b.redis != redisReal, // a real Redis server's TTLs run on its own clock
@@ -117,13 +85,13 @@ type keyState int
 const (
 	absent    keyState = iota // no live record: the next attempt is first
 	completed                 // a live record with the response the client saw
-	unseen                    // committed, but the response was lost with the crash
+	unseen                    // committed, with a response not yet seen: lost with a crash, or one of racing twins'
 	claimed                   // a stale claim: its request waits (409), another gets 422
 )
 
-var stateNames = [...]string{"absent", "completed", "unseen", "claimed"}
-
-func (s keyState) String() string { return stateNames[s] }
+func (s keyState) String() string {
+	return [...]string{"absent", "completed", "unseen", "claimed"}[s]
+}
 
 type modelKey struct {
 	state   keyState
@@ -143,53 +111,49 @@ type machine struct {
 	dirty  map[slot]bool // keys to check after the step
 }
 
-// TestStateMachine interleaves charges, retries, concurrent twins, crashes,
-// outbox failures, restarts and clock jumps at random, and checks each store
-// against a model of what it promises. After every step the ledger holds
+// stateMachine interleaves charges, retries, concurrent twins, crashes,
+// outbox failures, restarts and clock jumps at random, and checks the store
+// on backend b against a model of what it promises. After every step the ledger holds
 // exactly the charges the model predicts (so never a second charge for a
 // live key where the design holds), every replay is the first response
 // byte for byte, and another request on a live key gets 422 and charges
 // nothing. The model forgets keys only where the design declares a break —
 // on restart, on crash_after_charge, past the window — and only in the
-// namespace that restarted or crashed.
-func TestStateMachine(t *testing.T) {
-	for _, b := range keyedBackends(t) {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			p := profileOf(t, b)
-			svc := startServices(t, b)
-			wait := machineWait
-			if b.redis != "" || p.crash == crashLeavesLease {
-				wait = machineRedisWait // every retry on a stale claim sits the wait out
-			}
-			var n atomic.Int64
-			rapid.Check(t, func(rt *rapid.T) {
-				i := n.Add(1)
-				m := &machine{
-					e:      svc.open(rt, settings{window: machineWindow, wait: wait, claimTTL: machineClaimTTL, prefix: fmt.Sprintf("c%d:", i)}),
-					p:      p,
-					prefix: fmt.Sprintf("n%d", i), // each check its own tenants, on shared servers
-					keys:   map[slot]*modelKey{},
-					dirty:  map[slot]bool{},
-				}
-				for _, r := range machineRoles {
-					for _, k := range machineKeys {
-						m.slots = append(m.slots, slot{r, k})
-						m.keys[slot{r, k}] = &modelKey{}
-					}
-				}
-				rt.Repeat(m.actions())
-				m.touch("")
-				m.check(rt)
-			})
-		})
+// namespace that restarted or crashed; and it counts a charge per twin only
+// where the design declares that concurrent retries break.
+func stateMachine(t *testing.T, b backend) {
+	p := profileOf(t, b)
+	svc := startServices(t, b)
+	wait := machineWait
+	if b.redis != "" || p.crash == variant.CrashLeavesLease {
+		wait = machineRedisWait // every retry on a stale claim sits the wait out
 	}
+	var n atomic.Int64
+	rapid.Check(t, func(rt *rapid.T) {
+		i := n.Add(1)
+		m := &machine{
+			e:      svc.open(rt, settings{window: machineWindow, wait: wait, claimTTL: machineClaimTTL, prefix: fmt.Sprintf("c%d:", i)}),
+			p:      p,
+			prefix: fmt.Sprintf("n%d", i), // each check its own tenants, on shared servers
+			keys:   map[slot]*modelKey{},
+			dirty:  map[slot]bool{},
+		}
+		for _, r := range machineRoles() {
+			for _, k := range machineKeys() {
+				m.slots = append(m.slots, slot{r, k})
+				m.keys[slot{r, k}] = &modelKey{}
+			}
+		}
+		rt.Repeat(m.actions())
+		m.touch("")
+		m.check(rt)
+	})
 }
 
 func (m *machine) actions() map[string]func(*rapid.T) {
-	roles := rapid.SampledFrom(machineRoles)
-	keys := rapid.SampledFrom(machineKeys)
-	amounts := rapid.SampledFrom(machineAmounts)
+	roles := rapid.SampledFrom(machineRoles())
+	keys := rapid.SampledFrom(machineKeys())
+	amounts := rapid.SampledFrom(machineAmounts())
 	draw := func(t *rapid.T) slot { return slot{roles.Draw(t, "tenant"), keys.Draw(t, "key")} }
 	acts := map[string]func(*rapid.T){
 		"": m.check,
@@ -233,7 +197,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 func (m *machine) tenant(s slot) string { return m.prefix + s.role }
 
 func (m *machine) scope(s slot) lab.Scope {
-	return lab.Scope{Tenant: m.tenant(s), Endpoint: lab.Endpoint, Key: s.key}
+	return lab.Scope{Namespace: lab.NamespaceOf(m.tenant(s)), Tenant: m.tenant(s), Endpoint: lab.Endpoint, Key: s.key}
 }
 
 // namespace is a role's namespace ("" for every namespace).
@@ -301,15 +265,15 @@ func (m *machine) attempt(t *rapid.T, s slot, amount int64, point lab.FaultPoint
 			k.charge(amount)
 		}
 		switch m.p.crash {
-		case crashWipesHeap:
+		case variant.CrashWipesHeap:
 			m.forget(lab.NamespaceOf(m.tenant(s)))
-		case crashLeavesClaim:
+		case variant.CrashLeavesClaim:
 			m.live(k, claimed, amount, lab.Response{}, machineClaimTTL)
-		case crashRollsBack:
+		case variant.CrashRollsBack:
 			if charged {
 				m.live(k, unseen, amount, lab.Response{}, machineWindow)
 			}
-		case crashLeavesLease:
+		case variant.CrashLeavesLease:
 			if charged {
 				m.live(k, unseen, amount, lab.Response{}, machineWindow)
 			} else {
@@ -388,6 +352,20 @@ func (m *machine) twins(t *rapid.T, s slot, amount int64, n int) {
 				t.Fatalf("twin on a stale claim: %s; want 409 in progress", describe(outs[i], errs[i]))
 			}
 		}
+	case m.p.races:
+		// Nothing marked the key taken: every twin looked before any wrote,
+		// and each charged. The key keeps one of their answers, which the
+		// next retry shows.
+		for i := range n {
+			if errs[i] != nil || outs[i].Replayed {
+				t.Fatalf("twin on a design whose twins race: %s; want a fresh 201", describe(outs[i], errs[i]))
+			}
+			if c := chargeBody(t, outs[i].Response); c.AmountCents != amount {
+				t.Fatalf("twin charged %d, want %d", c.AmountCents, amount)
+			}
+			k.charge(amount)
+		}
+		m.live(k, unseen, amount, lab.Response{}, machineWindow)
 	default: // one of them is first; the others replay it or give up waiting
 		first := -1
 		for i := range n {
