@@ -24,9 +24,9 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // The attack suite replays a hostile attendee's review of the shared lab:
@@ -784,7 +784,7 @@ func attackNamespaces(t *testing.T) {
 		if len(bodies) < 44 {
 			t.Fatalf("only %d malformed bodies", len(bodies))
 		}
-		stores := append([]lab.StoreName{nokey.Name}, keyedStores...)
+		stores := append([]lab.StoreName{unsafestore.Name}, keyedStores...)
 		for i, b := range bodies {
 			key := fmt.Sprintf("a-f07-%d", i)
 			for _, store := range stores {
@@ -1284,10 +1284,10 @@ func attackLostConnections(t *testing.T) {
 	}
 
 	// The admin's restart between runs, and beside slow runs.
-	for i, store := range []lab.StoreName{postgres.Name, memory.Name, redis.Name, nokey.Name, postgres.Name} {
+	for i, store := range []lab.StoreName{postgres.Name, memory.Name, redis.Name, unsafestore.Name, postgres.Name} {
 		notBare500("admin restart", restartAll())
 		run := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-idempotent?store=%s&attempts=3&key=f11-after-%d", base, store, i), bearer(A.Token), "")
-		if store == nokey.Name {
+		if store == unsafestore.Name {
 			run = labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-unsafe?attempts=3&key=f11-after-%d", base, i), nil, "")
 		}
 		notBare500("run right after the restart", run)

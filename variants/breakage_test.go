@@ -17,9 +17,9 @@ import (
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // TestFaults reproduces, from real runs, where each store holds and breaks.
@@ -48,7 +48,7 @@ func TestFaults(t *testing.T) {
 		{"PostgresOutboxFail", postgres.Name, "fault=outbox_fail&attempts=3", is(1), "1", lab.Holds},
 		{"MemoryOutboxFail", memory.Name, "fault=outbox_fail&attempts=3", is(1), "1", lab.Holds},
 		{"RedisOutboxFail", redis.Name, "fault=outbox_fail&attempts=3", is(1), "1", lab.Holds},
-		{"UnsafeExpired", nokey.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
+		{"UnsafeExpired", unsafestore.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
 		{"MemoryExpired", memory.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
 		{"RedisExpired", redis.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
 		{"PostgresExpired", postgres.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
@@ -105,7 +105,7 @@ func TestRunsAreJudgedByWhatTheyAdd(t *testing.T) {
 func labRun(t *testing.T, base string, store lab.StoreName, query string) experiment.Report {
 	t.Helper()
 	route := "/charge-idempotent?store=" + string(store) + "&"
-	if store == nokey.Name {
+	if store == unsafestore.Name {
 		route = "/charge-unsafe?"
 	}
 	r := labtest.Do(t, http.MethodGet, base+route+query, nil, "")
@@ -158,7 +158,7 @@ func TestOutboxFailureReports(t *testing.T) {
 	// Without an outbox the provider was called before the write failed:
 	// it captured a charge the ledger rolled back ("email sent, charge
 	// reverted"), and the retry charged and sent again.
-	rep := labRun(t, a.URL(), nokey.Name, "key=k-ofail-unsafe&fault=outbox_fail&attempts=2")
+	rep := labRun(t, a.URL(), unsafestore.Name, "key=k-ofail-unsafe&fault=outbox_fail&attempts=2")
 	if rep.ChargesApplied != 1 || rep.ProviderCaptures != 2 || rep.CapturesWithoutCharge != 1 || rep.SideEffectTransport != "direct" {
 		t.Fatalf("unsafe: %v charges, %v captures at the provider, %v without a charge", rep.ChargesApplied, rep.ProviderCaptures, rep.CapturesWithoutCharge)
 	}
@@ -284,7 +284,7 @@ func TestInProcessReplicas(t *testing.T) {
 	for store, want := range map[lab.StoreName]struct {
 		charges int
 		verdict lab.Verdict
-	}{nokey.Name: {9, lab.Breaks}, memory.Name: {3, lab.Breaks}, redis.Name: {1, lab.Holds}, postgres.Name: {1, lab.Holds}} {
+	}{unsafestore.Name: {9, lab.Breaks}, memory.Name: {3, lab.Breaks}, redis.Name: {1, lab.Holds}, postgres.Name: {1, lab.Holds}} {
 		key := "k-replicas-" + string(store)
 		rep := labRun(t, a.URL(), store, "replicas=3&attempts=9&key="+key)
 		if n := keyCharges(t, a, "acme", store, key); n != want.charges || rep.Replicas != 3 || rep.Verdict != want.verdict {
@@ -306,7 +306,7 @@ func TestInProcessReplicas(t *testing.T) {
 func TestMatrixStreams(t *testing.T) {
 	t.Parallel()
 	cfg := labConfig()
-	cfg.Variants = slices.DeleteFunc(variants.Builtin(), func(v variant.Variant) bool { return v.Name != memory.Name && v.Name != nokey.Name })
+	cfg.Variants = slices.DeleteFunc(variants.Builtin(), func(v variant.Variant) bool { return v.Name != memory.Name && v.Name != unsafestore.Name })
 	a := labtest.Start(t, cfg)
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, a.URL()+"/lab/matrix?format=ndjson", nil)
 	resp, err := http.DefaultClient.Do(req)

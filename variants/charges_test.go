@@ -21,9 +21,9 @@ import (
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // TestMain fails the package when a test leaves a goroutine behind: every
@@ -163,7 +163,7 @@ func TestUnsafeChargesEveryAttempt(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig())
 	openRun(t, a, "run-unsafe")
-	replies := fireCharges(t, a.URL(), nokey.Name, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
+	replies := fireCharges(t, a.URL(), unsafestore.Name, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
 	for _, r := range replies {
 		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("reply %d replayed=%q", r.Status, r.Header.Get("Idempotent-Replayed"))
@@ -472,7 +472,7 @@ func TestSummaryCountsOperations(t *testing.T) {
 			a := labtest.Start(t, storeConfig(t, store))
 			for i, account := range []string{"a", "b", "c"} {
 				body := fmt.Sprintf(`{"account":%q,"amount_cents":%d}`, account, 100*(i+1))
-				if r := labtest.Charge(t, a.URL(), nokey.Name, labtest.Acme, "", body); r.Status != http.StatusCreated {
+				if r := labtest.Charge(t, a.URL(), unsafestore.Name, labtest.Acme, "", body); r.Status != http.StatusCreated {
 					t.Fatalf("keyless charge: %d %s", r.Status, r.Body)
 				}
 			}

@@ -10,12 +10,12 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/rediscache"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // TestExplanationsMatchTheirNumbers runs every case of the matrix on every
@@ -29,7 +29,7 @@ func TestExplanationsMatchTheirNumbers(t *testing.T) {
 	id := a.Public()
 	second := id.Second()
 	for _, c := range experiment.Cases() {
-		for _, store := range []lab.StoreName{nokey.Name, memory.Name, redis.Name, postgres.Name, lease.Name, cached.Name} {
+		for _, store := range []lab.StoreName{unsafestore.Name, memory.Name, redis.Name, postgres.Name, lease.Name, rediscache.Name} {
 			key := fmt.Sprintf("explain-%s-%s", c.Name, store)
 			spec := experiment.Spec{
 				Store: store, Scenario: c.Scenario, Key: key, Account: "acct-1", AmountCents: 2500, Attempts: c.Attempts,

@@ -8,9 +8,9 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // TestAttemptsReportTheirPhases: each answer carries the server's phases
@@ -21,9 +21,9 @@ import (
 func TestAttemptsReportTheirPhases(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, fullConfig(t))
-	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, nokey.Name} {
+	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, unsafestore.Name} {
 		path := "/charge-idempotent?store=" + string(store) + "&"
-		if store == nokey.Name {
+		if store == unsafestore.Name {
 			path = "/charge-unsafe?"
 		}
 		rep := getRun(t, a.URL()+path+"key=fresh&attempts=3&fault=slow&work_ms=80&ttl_ms=10000")
@@ -41,7 +41,7 @@ func TestAttemptsReportTheirPhases(t *testing.T) {
 				case try.Status == 201 && !try.Replayed:
 					charged++
 					want := []string{lab.PhaseClaim, lab.PhaseWork, lab.PhaseCharge, lab.PhaseCommit}
-					if store == nokey.Name {
+					if store == unsafestore.Name {
 						want = []string{lab.PhaseWork, lab.PhaseCharge}
 					}
 					if !slices.Equal(names, want) {
@@ -56,13 +56,13 @@ func TestAttemptsReportTheirPhases(t *testing.T) {
 			}
 		}
 		wantCharged := 1
-		if store == nokey.Name {
+		if store == unsafestore.Name {
 			wantCharged = 3
 		}
 		if charged != wantCharged || charged != rep.ChargesApplied {
 			t.Errorf("%s: %d charging tries, ledger %d, want %d", store, charged, rep.ChargesApplied, wantCharged)
 		}
-		if store != nokey.Name && replays == 0 {
+		if store != unsafestore.Name && replays == 0 {
 			t.Errorf("%s: no replay in %+v", store, rep.Timeline)
 		}
 	}

@@ -8,8 +8,8 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/rediscache"
 )
 
 // TestOneConnectionBudgetPerNamespace is the pool-starvation attack: two
@@ -33,7 +33,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 	budget := pools[0].Budget()
 	var floods []<-chan []sent
 	for _, at := range []labAttendee{x, y} {
-		for _, store := range []lab.StoreName{postgres.Name, cached.Name} {
+		for _, store := range []lab.StoreName{postgres.Name, rediscache.Name} {
 			floods = append(floods, flood(t, chargeRequests(t, base, store, at.Token, fmt.Sprintf("flood-%s-%s", at.Tenant, store), 6, slowFault(5000))))
 		}
 	}

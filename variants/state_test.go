@@ -8,11 +8,11 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/rediscache"
 )
 
 // TestKeyLookupShowsTheStoredResponse: /idempotency/state?key= on every
@@ -30,7 +30,7 @@ func TestKeyLookupShowsTheStoredResponse(t *testing.T) {
 		Status      int             `json:"response_status"`
 		Response    json.RawMessage `json:"response"`
 	}
-	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, cached.Name} {
+	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, rediscache.Name} {
 		first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-inspect", body2500)
 		if first.Status != http.StatusCreated {
 			t.Fatalf("%s: %d %s", store, first.Status, first.Body)

@@ -9,8 +9,8 @@ import (
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // problemOf reads the code and the parameter a problem names.
@@ -81,7 +81,7 @@ func TestRunsReadEveryParameterStrictly(t *testing.T) {
 			key := fmt.Sprintf("junk-%d", i)
 			name := memory.Name
 			if store == "unsafe" {
-				name = nokey.Name
+				name = unsafestore.Name
 			}
 			if n := keyCharges(t, a, "acme", name, key); n != 0 {
 				t.Errorf("%s: %d charges for %s after a refused run", store, n, key)

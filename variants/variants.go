@@ -5,13 +5,13 @@ package variants
 
 import (
 	"github.com/idempotency-lab/lab/lab/variant"
-	"github.com/idempotency-lab/lab/variants/cached"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/lookfirst"
 	"github.com/idempotency-lab/lab/variants/memory"
-	"github.com/idempotency-lab/lab/variants/nokey"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/rediscache"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // Builtin returns every design the lab ships, in the lesson's order: no key
@@ -19,12 +19,12 @@ import (
 // close the race, one replica to many.
 func Builtin() []variant.Variant {
 	return []variant.Variant{
-		nokey.Variant(),
+		unsafestore.Variant(),
 		lookfirst.Variant(),
 		memory.Variant(),
 		redis.Variant(),
 		postgres.Variant(),
 		lease.Variant(),
-		cached.Variant(),
+		rediscache.Variant(),
 	}
 }

@@ -1,4 +1,4 @@
-package cached
+package rediscache
 
 import (
 	"context"

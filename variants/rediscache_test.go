@@ -7,7 +7,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
-	"github.com/idempotency-lab/lab/variants/cached"
+	"github.com/idempotency-lab/lab/variants/rediscache"
 )
 
 // TestCacheLossCostsOnlySpeed: on redis+postgres a store restart wipes the
@@ -27,16 +27,16 @@ func TestCacheLossCostsOnlySpeed(t *testing.T) {
 		return labtest.Decode[experiment.Report](t, r)
 	}
 	rep := run("fault=store_restart&attempts=4")
-	if rep.Store != cached.Name || rep.Verdict != lab.Holds || rep.KeyCharges != 1 {
+	if rep.Store != rediscache.Name || rep.Verdict != lab.Holds || rep.KeyCharges != 1 {
 		t.Fatalf("store_restart: %s %s, %d charges: %s", rep.Store, rep.Verdict, rep.KeyCharges, rep.Explanation)
 	}
-	if _, ok := rep.LookupOverheadByPath[cached.FromPostgres]; !ok || rep.IdempotencyHits != 3 {
+	if _, ok := rep.LookupOverheadByPath[rediscache.FromPostgres]; !ok || rep.IdempotencyHits != 3 {
 		t.Fatalf("after the cache was lost the replays came from %v (%d hits); want PostgreSQL", rep.LookupOverheadByPath, rep.IdempotencyHits)
 	}
 	// The retries race: the first to miss refills the cache, so the others
 	// may already read Redis; every one replays.
 	for _, res := range rep.Timeline[1:] {
-		if f := res.Final(); !f.Replayed || (f.From != cached.FromPostgres && f.From != cached.FromRedis) {
+		if f := res.Final(); !f.Replayed || (f.From != rediscache.FromPostgres && f.From != rediscache.FromRedis) {
 			t.Fatalf("a retry after the restart: %+v; want a replay, read from PostgreSQL or the refilled cache", f)
 		}
 	}
@@ -44,7 +44,7 @@ func TestCacheLossCostsOnlySpeed(t *testing.T) {
 	if again.KeyCharges != 1 || again.IdempotencyHits != 3 {
 		t.Fatalf("the next run: %d charges, %d hits", again.KeyCharges, again.IdempotencyHits)
 	}
-	if _, ok := again.LookupOverheadByPath[cached.FromRedis]; !ok {
+	if _, ok := again.LookupOverheadByPath[rediscache.FromRedis]; !ok {
 		t.Fatalf("the next run's replays came from %v; want Redis, refilled", again.LookupOverheadByPath)
 	}
 	t.Logf("replay latency by path: after the restart %v, then %v", rep.LookupOverheadByPath, again.LookupOverheadByPath)

@@ -1,4 +1,4 @@
-package nokey
+package unsafestore
 
 import (
 	"context"

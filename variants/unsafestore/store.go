@@ -1,7 +1,8 @@
-// Package nokey is the design that does not decide (the "unsafe" store): it
+// Package unsafestore is the design that does not decide (the "unsafe"
+// store; the name unsafe belongs to Go itself): it
 // ignores the key, charges every request and calls the provider directly,
 // inline, with no outbox.
-package nokey
+package unsafestore
 
 import (
 	"context"
@@ -31,7 +32,7 @@ type Store struct {
 // New returns the unsafe store.
 func New(books Books, now lab.Clock, log *slog.Logger) (*Store, error) {
 	if books == nil || now == nil || log == nil {
-		return nil, errors.New("nokey: books, clock and logger are required")
+		return nil, errors.New("unsafestore: books, clock and logger are required")
 	}
 	return &Store{books: books, now: now, log: log}, nil
 }

@@ -1,9 +1,9 @@
-// Package cached is PostgreSQL deciding with Redis in front as a cache
+// Package rediscache is PostgreSQL deciding with Redis in front as a cache
 // only: the postgres store's one transaction decides every first attempt,
 // and completed responses are cached in Redis so that replays are answered
 // in one round trip. Losing Redis (a restart, a flush, an expiry) costs
 // speed, never correctness: a miss falls back to PostgreSQL.
-package cached
+package rediscache
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package cached_test
+package rediscache_test
 
 import (
 	"os"
