@@ -221,6 +221,9 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 	}
 	fmt.Fprintf(&b, "Phases of %s at %d connections (vegeta, unpaced), each once the outbox had drained; %d CPUs (GOMAXPROCS %d), %s, %s; elapsed %s.\n\n",
 		r.Duration, r.Connections, r.Host.CPUs, r.Host.GOMAXPROCS, r.Host.Go, r.Host.OS, r.Elapsed.Round(100_000_000))
+	if r.Plain {
+		b.WriteString("Plain paths: every design ran without the optimisations it keeps in files of their own (-plain-paths on).\n\n")
+	}
 	rows := r.rows()
 	widths := make([]int, len(rows[0]))
 	for _, row := range rows {
