@@ -220,8 +220,18 @@ type RunStats struct {
 // KeyTally is what the ledger holds for one key.
 type KeyTally struct {
 	Charges    int
-	Cents      int64 // all of them
-	FirstCents int64 // the first one, the only one that was wanted
+	Cents      int64    // all of them
+	FirstCents int64    // the first one, the only one that was wanted
+	IDs        []string // the charges' ids, in commit order
+}
+
+// AccountMoney is one account's money read in one snapshot: the balance the
+// ledger keeps beside its rows, and the sum of the rows themselves. They
+// are equal unless a charge was half written (Jepsen's bank invariant).
+type AccountMoney struct {
+	BalanceCents int64 // the running balance, as each charge updated it
+	RowsCents    int64 // the sum of the account's ledger rows
+	Rows         int
 }
 
 // OverchargedCents is what the key's charges after the first cost.

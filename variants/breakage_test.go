@@ -218,6 +218,11 @@ func TestMatrix(t *testing.T) {
 	if bad := m.Mismatches(); len(bad) > 0 {
 		t.Fatalf("verdicts differ from the lesson:\n%v", bad)
 	}
+	// Every verdict proven by the checker: each break a violation of the
+	// history or of the money, each hold linearizable, none unknown.
+	if bad := m.Disagreements(); len(bad) > 0 {
+		t.Errorf("the checker disagrees with the verdicts:\n%s", strings.Join(bad, "\n"))
+	}
 	// The lesson, cell by cell: the brief's table and the fault issue's
 	// acceptance list, written here rather than read from the code's own
 	// expectations.

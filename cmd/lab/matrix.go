@@ -99,8 +99,9 @@ func writeReadme(path string, mx experiment.Matrix) error {
 			}
 		}
 	}
+	bad = append(bad, mx.Disagreements()...)
 	if bad = append(bad, mx.Mismatches()...); len(bad) > 0 {
-		return fmt.Errorf("%s not rewritten: every cell must run and reach its design's usual verdict:\n%s", path, strings.Join(bad, "\n"))
+		return fmt.Errorf("%s not rewritten: every cell must run, reach its design's usual verdict and be proven so by its history and money:\n%s", path, strings.Join(bad, "\n"))
 	}
 	var table strings.Builder
 	if err := mx.WriteMarkdown(&table); err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/history"
 )
 
 // Case is one row of the breakage matrix.
@@ -72,6 +73,10 @@ type Cell struct {
 	Explanation      string      `json:"explanation"`
 	Note             string      `json:"note,omitempty"`
 	RunID            string      `json:"run_id,omitempty"`
+	// Checked and MoneyHolds are the cell's proof: its history checked for
+	// linearizability, its accounts held to the money invariant.
+	Checked    history.Verdict `json:"checked,omitempty"`
+	MoneyHolds bool            `json:"money_holds"`
 	// Run is the whole run behind the cell, timeline included, so a page
 	// can open it.
 	Run *Report `json:"run,omitempty"`
@@ -135,6 +140,7 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 				cell.ProviderCaptures, cell.ProviderReceipts = rep.ProviderCaptures, rep.ProviderReceipts
 				cell.Verdict, cell.ExpectedVerdict = rep.Verdict, rep.ExpectedVerdict
 				cell.Explanation, cell.Note, cell.RunID = rep.Explanation, rep.Note, rep.RunID
+				cell.Checked, cell.MoneyHolds = rep.Checked, rep.Money.Holds
 				cell.Run = &rep
 			}
 			row.Cells = append(row.Cells, cell)
@@ -173,6 +179,30 @@ func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store l
 
 // MatrixKeyPrefix starts every key of one matrix batch.
 func MatrixKeyPrefix(batch string) string { return "matrix-" + batch + "-" }
+
+// Disagreements lists the cells whose proof does not agree with their
+// verdict: a break the checker did not find (no violation, the money
+// whole), a hold it found a violation in, or a check that could not say.
+func (m Matrix) Disagreements() []string {
+	var out []string
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if !c.Available {
+				continue
+			}
+			proven := c.Checked == history.Violation || !c.MoneyHolds
+			switch {
+			case c.Checked == history.Unknown || c.Checked == "":
+				out = append(out, fmt.Sprintf("%s/%s: %s, the check could not say (%q)", row.Case.Name, c.Store, c.Verdict, c.Run.CheckedWhy))
+			case c.Verdict == lab.Breaks && !proven:
+				out = append(out, fmt.Sprintf("%s/%s: breaks (%d charges), yet the history is %s and the money holds", row.Case.Name, c.Store, c.Charges, c.Checked))
+			case c.Verdict == lab.Holds && proven:
+				out = append(out, fmt.Sprintf("%s/%s: holds, yet the history is %s (%s) and the money %s", row.Case.Name, c.Store, c.Checked, c.Run.CheckedWhy, c.Run.Money.Why))
+			}
+		}
+	}
+	return out
+}
 
 // Mismatches lists the cells whose verdict differs from the design's usual one.
 func (m Matrix) Mismatches() []string {

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/history"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/reconcile"
 	"github.com/idempotency-lab/lab/lab/variant"
@@ -67,6 +68,9 @@ type Books interface {
 	// KeyCharges tallies the charges one store made under one tenant's key.
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
+	// AccountMoney reads an account's balance and the sum of its ledger
+	// rows in one snapshot.
+	AccountMoney(ctx context.Context, tenant, account string) (lab.AccountMoney, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 	// Payments lists a namespace's charges with their payment state.
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
@@ -163,12 +167,24 @@ type Report struct {
 	BarrierSpreadMS      float64            `json:"barrier_spread_ms"`
 	WallMS               float64            `json:"wall_ms"`
 	Verdict              lab.Verdict        `json:"verdict"`
-	ExpectedVerdict      lab.Verdict        `json:"expected_verdict"`
-	Reason               string             `json:"reason"`
-	Explanation          string             `json:"explanation"`
-	Note                 string             `json:"note"`
-	Timeline             []Result           `json:"timeline"`
-	StartedAt            time.Time          `json:"started_at"`
+	// Checked is the proof of the run's history (its tries and the ledger's
+	// reads of the key): linearizable, violation (CheckedWhy names the
+	// operations no single charge explains) or unknown (the check's time
+	// ran out).
+	Checked    history.Verdict `json:"checked"`
+	CheckedWhy string          `json:"checked_why,omitempty"`
+	CheckedOps int             `json:"checked_ops"`
+	CheckMS    float64         `json:"check_ms"`
+	// Money is the bank invariant over the accounts the run touched.
+	Money MoneyCheck `json:"money"`
+	// History is what was checked, served as NDJSON and drawn as a page.
+	History         history.History `json:"-"`
+	ExpectedVerdict lab.Verdict     `json:"expected_verdict"`
+	Reason          string          `json:"reason"`
+	Explanation     string          `json:"explanation"`
+	Note            string          `json:"note"`
+	Timeline        []Result        `json:"timeline"`
+	StartedAt       time.Time       `json:"started_at"`
 	// Matrix names the matrix batch the run was a cell of, "" for a run
 	// of its own.
 	Matrix string `json:"matrix,omitempty"`
@@ -219,10 +235,11 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if err := r.Books.OpenRun(ctx, ns, rep.RunID); err != nil {
 		return rep, fmt.Errorf("error opening the run: %w", err)
 	}
-	before, err := r.tally(ctx, spec, tenants)
+	read, err := r.readLedger(ctx, spec, tenants)
 	if err != nil {
 		return rep, err
 	}
+	before := read.tally
 	if rep.KeyBefore, err = r.keyState(ctx, targets[0], spec); err != nil {
 		return rep, err
 	}
@@ -247,7 +264,10 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	ev.fromPhases(results, lifetime{name: v.Lifetime, ttl: spec.Faults.ClaimTTL}, spec)
 	rep.Events = append([]Event{}, ev.list...)
 	rep.ClientBudgetMS = ms(clientBudget(spec))
-	return rep, r.conclude(ctx, spec, tenants, before, &rep)
+	if err := r.conclude(ctx, spec, tenants, before, &rep); err != nil {
+		return rep, err
+	}
+	return rep, r.prove(ctx, spec, tenants, read, ev.origin, &rep)
 }
 
 func needsTwoPhases(spec Spec) bool {
@@ -412,12 +432,9 @@ func (r *Runner) failoverStep(ctx context.Context, target, token, step string) e
 }
 
 func (r *Runner) request(spec Spec, target, run string, i int) Request {
-	token, amount, faults := spec.Token, spec.AmountCents, spec.Faults
-	switch {
-	case spec.Scenario == ScenarioTenants && i%2 == 1:
+	token, amount, faults := spec.Token, attemptAmount(spec, i), spec.Faults
+	if attemptTenant(spec, i) != spec.Tenant {
 		token = spec.OtherToken
-	case spec.Scenario == ScenarioReused && i > 0:
-		amount++
 	}
 	if i > 0 && faults.Point != lab.FaultSlow {
 		faults.Point = "" // only the first attempt suffers the fault; retries are plain

@@ -124,13 +124,13 @@ func explainKey(k Key, ops []Op) string {
 	if len(fresh) > 1 {
 		parts := make([]string, len(fresh))
 		for i, id := range fresh {
-			parts[i] = fmt.Sprintf("%s was told %s", attempts(told[id]), short(id))
+			parts[i] = fmt.Sprintf("%s told %s", were(told[id]), short(id))
 		}
 		return fmt.Sprintf("%s: %s — %d charges for one key", name, strings.Join(parts, ", "), len(fresh))
 	}
 	if len(base) > 0 && len(fresh) > 0 {
-		return fmt.Sprintf("%s: %s was told %s, a new charge, though the key was charged before the run (%s)",
-			name, attempts(told[fresh[0]]), short(fresh[0]), strings.Join(shortIDs(base), ", "))
+		return fmt.Sprintf("%s: %s told %s, a new charge, though the key was charged before the run (%s)",
+			name, were(told[fresh[0]]), short(fresh[0]), strings.Join(shortIDs(base), ", "))
 	}
 	// The ledger holds more than the answers admit.
 	for _, o := range ops {
@@ -145,12 +145,12 @@ func explainKey(k Key, ops []Op) string {
 		}
 		switch {
 		case len(extra) > 1 && len(fresh) == 1:
-			return fmt.Sprintf("%s: %s was told %s, but the ledger holds %s — %d charges for one key",
-				name, attempts(told[fresh[0]]), short(fresh[0]), strings.Join(shortIDs(extra), " and "), len(extra))
+			return fmt.Sprintf("%s: %s told %s, but the ledger holds %s — %d charges for one key",
+				name, were(told[fresh[0]]), short(fresh[0]), strings.Join(shortIDs(extra), " and "), len(extra))
 		case len(extra) > 1:
 			return fmt.Sprintf("%s: the ledger holds %s — %d charges for one key", name, strings.Join(shortIDs(extra), " and "), len(extra))
 		case len(extra) == 1 && len(fresh) == 1 && extra[0] != fresh[0]:
-			return fmt.Sprintf("%s: %s was told %s, but the ledger holds %s", name, attempts(told[fresh[0]]), short(fresh[0]), short(extra[0]))
+			return fmt.Sprintf("%s: %s told %s, but the ledger holds %s", name, were(told[fresh[0]]), short(fresh[0]), short(extra[0]))
 		}
 	}
 	// Another request charged, or replayed, under the key; a refusal with
@@ -177,6 +177,14 @@ func explainKey(k Key, ops []Op) string {
 		}
 	}
 	return ""
+}
+
+// were is who was told: "attempt 3 was", "attempts 1 and 4 were".
+func were(cs []int) string {
+	if len(cs) == 1 {
+		return attempts(cs) + " was"
+	}
+	return attempts(cs) + " were"
 }
 
 // attempts names a set of attempts: "attempt 3", "attempts 1 and 4".

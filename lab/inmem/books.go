@@ -266,9 +266,25 @@ func (b *Books) KeyCharges(_ context.Context, tenant string, store lab.StoreName
 			}
 			k.Charges++
 			k.Cents += e.AmountCents
+			k.IDs = append(k.IDs, e.ChargeID)
 		}
 	}
 	return k, nil
+}
+
+// AccountMoney reads an account's running balance and the sum of its
+// ledger rows under one lock: one snapshot.
+func (b *Books) AccountMoney(_ context.Context, tenant, account string) (lab.AccountMoney, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := lab.AccountMoney{BalanceCents: b.balances[tenant+"|"+account]}
+	for _, e := range b.entries {
+		if e.Tenant == tenant && e.Account == account {
+			m.RowsCents += e.AmountCents
+			m.Rows++
+		}
+	}
+	return m, nil
 }
 
 // ClaimDue leases due pending events, oldest first, to one claim: each

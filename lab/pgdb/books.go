@@ -224,13 +224,29 @@ func (b *Books) KeyCharges(ctx context.Context, tenant string, store lab.StoreNa
 	var k lab.KeyTally
 	err := b.pool.QueryRow(ctx, `
 		SELECT count(*), coalesce(sum(amount_cents), 0)::bigint,
-		       coalesce((array_agg(amount_cents ORDER BY created_at, id))[1], 0)::bigint
+		       coalesce((array_agg(amount_cents ORDER BY created_at, id))[1], 0)::bigint,
+		       coalesce(array_agg(id ORDER BY created_at, id) FILTER (WHERE id IS NOT NULL), '{}')
 		FROM charges WHERE tenant_id = $1 AND store = $2 AND idempotency_key = $3`, tenant, store, key).
-		Scan(&k.Charges, &k.Cents, &k.FirstCents)
+		Scan(&k.Charges, &k.Cents, &k.FirstCents, &k.IDs)
 	if err != nil {
 		return k, fmt.Errorf("error tallying the key's charges: %w", err)
 	}
 	return k, nil
+}
+
+// AccountMoney reads an account's running balance and the sum of its
+// ledger rows in one statement, so in one snapshot: charges committing
+// meanwhile (other attendees') are either in both or in neither.
+func (b *Books) AccountMoney(ctx context.Context, tenant, account string) (lab.AccountMoney, error) {
+	var m lab.AccountMoney
+	err := b.pool.QueryRow(ctx, `
+		SELECT coalesce((SELECT balance_cents FROM account_balances WHERE tenant_id = $1 AND account = $2), 0)::bigint,
+		       coalesce(sum(amount_cents), 0)::bigint, count(*)
+		FROM charges WHERE tenant_id = $1 AND account = $2`, tenant, account).Scan(&m.BalanceCents, &m.RowsCents, &m.Rows)
+	if err != nil {
+		return m, fmt.Errorf("error reading the account's money: %w", err)
+	}
+	return m, nil
 }
 
 const eventColumns = `event_id::text, event_type, charge_id, tenant_id, run_id, payload::text, state, attempts,
