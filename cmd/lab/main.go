@@ -6,6 +6,7 @@
 //	lab provider [flags]  the simulated payment provider, alone
 //	lab bench [flags]     load every store's charge path and compare it with its ceilings
 //	lab health [-url]     exit 0 when the URL answers 200 (container health check)
+//	lab check-history F   check a recorded history for linearizability
 //	lab help              list the subcommands
 package main
 
@@ -28,6 +29,9 @@ func main() {
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "lab:", err)
+		}
+		if errors.Is(err, errNotLinearizable) {
+			os.Exit(1) // a verdict, not a failure to run
 		}
 		os.Exit(2)
 	}
@@ -55,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runProvider(ctx, args, stderr)
 	case "health":
 		return runHealth(ctx, args, stderr)
+	case "check-history":
+		return runCheckHistory(ctx, args, os.Stdin, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, commands)
 		return nil
@@ -73,6 +79,8 @@ const commands = `usage:
   lab provider [flags]  the simulated payment provider alone (captures, receipts,
                         faults, signed webhooks); point the lab at it with -provider-url
   lab health [-url U]   exit 0 when U answers 200 (container health check)
+  lab check-history F   check a run's history (NDJSON, as /lab/runs/{id}/history answers it) for
+                        linearizability; exit 1 when no single charge per key explains it (-html)
 `
 
 // shutdownGrace bounds how long in-flight requests may take to finish.

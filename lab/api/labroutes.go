@@ -203,18 +203,11 @@ func (s *Server) run(c echo.Context) error {
 	if _, err := lab.ParseQuery(c.Request().URL.RawQuery); err != nil {
 		return err
 	}
-	who, err := s.who(c.Request(), true)
+	r, err := s.findRun(c)
 	if err != nil {
 		return err
 	}
-	id := c.Param("id")
-	for _, r := range s.recentRuns(who.view(), true) {
-		if r.RunID == id {
-			return c.JSON(http.StatusOK, r)
-		}
-	}
-	return problem(http.StatusNotFound, "run_not_found", "Run not found",
-		"no run "+strconv.Quote(id)+" among the recent runs of namespace "+nsName(who.view())+" on this replica")
+	return c.JSON(http.StatusOK, r)
 }
 
 func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Identity) (experiment.Spec, int, error) {

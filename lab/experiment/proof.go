@@ -61,7 +61,11 @@ func attemptAmount(spec Spec, i int) int64 {
 // fingerprint names the request attempt i sends: two attempts with the same
 // fingerprint send the same charge.
 func fingerprint(spec Spec, i int) string {
-	return fmt.Sprintf("%s %d %s %s", spec.Account, attemptAmount(spec, i), lab.DefaultCurrency, spec.OrderID)
+	fp := fmt.Sprintf("%s %d %s", spec.Account, attemptAmount(spec, i), lab.DefaultCurrency)
+	if spec.OrderID != "" {
+		fp += " order " + spec.OrderID
+	}
+	return fp
 }
 
 // recordHistory turns the run's tries, its ledger reads and its events

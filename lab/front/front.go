@@ -7,9 +7,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/url"
+	"regexp"
 	"sync"
 	"time"
 
@@ -25,12 +27,71 @@ type Front struct {
 	targets  []*middleware.ProxyTarget
 	balancer middleware.ProxyBalancer
 	client   *http.Client
+	runs     *http.Client // asks the replicas for a run
 	interval time.Duration
 	log      *slog.Logger
 	echo     *echo.Echo
 
 	mu      sync.Mutex
 	healthy map[string]bool
+}
+
+// runPath is a run's own route (GET /lab/runs/{run_id}, its history and
+// its picture), under any base path.
+var runPath = regexp.MustCompile(`/lab/runs/run_[^/]+(/history|/history\.html)?$`)
+
+// runOnAnyReplica finds a run wherever it was run: a replica keeps its
+// own runs, so a run's routes go to each healthy replica in turn until
+// one knows it; when none does, the last one's 404 is the answer.
+func (f *Front) runOnAnyReplica(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		r := c.Request()
+		if r.Method != http.MethodGet || !runPath.MatchString(r.URL.Path) {
+			return next(c)
+		}
+		var last *http.Response
+		for _, t := range f.targets {
+			f.mu.Lock()
+			ok := f.healthy[t.Name]
+			f.mu.Unlock()
+			if !ok {
+				continue
+			}
+			req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, t.URL.String()+r.URL.RequestURI(), nil)
+			if err != nil {
+				return fmt.Errorf("error building the request to %s: %w", t.Name, err)
+			}
+			for _, h := range []string{"Authorization", "Accept"} {
+				if v := r.Header.Get(h); v != "" {
+					req.Header.Set(h, v)
+				}
+			}
+			resp, err := f.runs.Do(req)
+			if err != nil {
+				f.log.Warn("asking a replica for a run", "replica", t.Name, "err", err)
+				continue
+			}
+			if last != nil {
+				last.Body.Close()
+			}
+			last = resp
+			if resp.StatusCode != http.StatusNotFound {
+				break
+			}
+		}
+		if last == nil {
+			return next(c) // no replica answered: the proxy says why
+		}
+		defer last.Body.Close()
+		for _, h := range []string{"Content-Type", "Content-Security-Policy", "Lab-Replica"} {
+			if v := last.Header.Get(h); v != "" {
+				c.Response().Header().Set(h, v)
+			}
+		}
+		c.Response().WriteHeader(last.StatusCode)
+		_, err := io.Copy(c.Response(), last.Body)
+		return err
+	}
 }
 
 // New builds a front for the replicas' base URLs. Replicas start out of the
@@ -46,7 +107,7 @@ func New(targets []string, interval time.Duration, log *slog.Logger) (*Front, er
 	}
 	f := &Front{
 		balancer: middleware.NewRoundRobinBalancer(nil), interval: interval, log: log,
-		client: &http.Client{Timeout: 2 * time.Second}, healthy: map[string]bool{},
+		client: &http.Client{Timeout: 2 * time.Second}, runs: &http.Client{Timeout: 30 * time.Second}, healthy: map[string]bool{},
 	}
 	for _, raw := range targets {
 		u, err := url.Parse(raw)
@@ -58,6 +119,7 @@ func New(targets []string, interval time.Duration, log *slog.Logger) (*Front, er
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.GET(StatusPath, f.status)
+	e.Use(f.runOnAnyReplica)
 	e.Use(middleware.ProxyWithConfig(middleware.ProxyConfig{
 		Balancer: f.balancer,
 		Skipper:  func(c echo.Context) bool { return c.Request().URL.Path == StatusPath },
@@ -112,6 +174,7 @@ func (f *Front) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			f.client.CloseIdleConnections()
+			f.runs.CloseIdleConnections()
 			return
 		case <-t.C:
 		}

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -70,5 +71,57 @@ func TestRejectsBadTargets(t *testing.T) {
 		if _, err := front.New(targets, time.Second, slog.New(slog.DiscardHandler)); err == nil {
 			t.Errorf("front.New(%q) accepted", targets)
 		}
+	}
+}
+
+// TestARunIsFoundWhicheverReplicaIsAsked: a run lives on the replica that
+// ran it; through the front, its routes answer whichever replica the
+// rotation would pick, and a run no replica knows is their 404.
+func TestARunIsFoundWhicheverReplicaIsAsked(t *testing.T) {
+	knows := func(name string, runs ...string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			for _, run := range runs {
+				if strings.HasPrefix(r.URL.Path, "/16/lab/runs/"+run) && r.Header.Get("Authorization") == "Bearer tok" {
+					w.Header().Set("Content-Type", "application/x-ndjson")
+					io.WriteString(w, name+" "+r.URL.Path)
+					return
+				}
+			}
+			if r.URL.Path == "/health" {
+				return
+			}
+			http.Error(w, `{"code":"run_not_found"}`, http.StatusNotFound)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	a, b, c := knows("a"), knows("b", "run_1"), knows("c")
+	f, err := front.New([]string{a.URL, b.URL, c.URL}, time.Hour, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.CheckOnce(context.Background())
+	srv := httptest.NewServer(f.Handler())
+	defer srv.Close()
+	get := func(path string) (int, string, string) {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header.Get("Content-Type"), string(body)
+	}
+	for range 3 {
+		for _, path := range []string{"/16/lab/runs/run_1", "/16/lab/runs/run_1/history", "/16/lab/runs/run_1/history.html"} {
+			if status, ct, body := get(path); status != http.StatusOK || body != "b "+path || ct != "application/x-ndjson" {
+				t.Fatalf("%s: %d %q %q, want b's answer", path, status, ct, body)
+			}
+		}
+	}
+	if status, _, body := get("/16/lab/runs/run_2/history"); status != http.StatusNotFound || !strings.Contains(body, "run_not_found") {
+		t.Fatalf("a run no replica knows: %d %s", status, body)
 	}
 }

@@ -77,6 +77,11 @@ func (o Op) Unknown() bool {
 	return o.Kind == Charge && (o.Status == 0 || o.Status >= 500 || o.Status == http.StatusAccepted)
 }
 
+// success reports a charge answered with its outcome: a 2xx but 202.
+func (o Op) success() bool {
+	return o.Kind == Charge && o.Status >= 200 && o.Status < 300 && o.Status != http.StatusAccepted
+}
+
 // Event is a fault event of the run, shown beside the operations.
 type Event struct {
 	Name   string `json:"name"`
