@@ -42,6 +42,10 @@ type Settings struct {
 	Lease       time.Duration // how long a claimed event is hidden from other workers
 	Batch       int           // events per claim
 	Workers     int           // goroutines of one relay, each claiming its own batch
+	// Concurrency bounds the deliveries of one batch in flight at once: a
+	// delivery waits mostly on the provider (its capture, then its webhooks
+	// back), so one at a time leaves the relay far behind the charges.
+	Concurrency int
 	MaxAttempts int           // then the event is dead
 	BaseBackoff time.Duration // first retry delay, doubled per attempt, with jitter
 	MaxBackoff  time.Duration // cap of the retry delay
@@ -54,8 +58,9 @@ func (s Settings) Validate() error {
 		return fmt.Errorf("relay: interval, lease and backoff must be positive (got %s, %s, %s)", s.Interval, s.Lease, s.BaseBackoff)
 	case s.MaxBackoff < s.BaseBackoff:
 		return fmt.Errorf("relay: max backoff %s is below the base backoff %s", s.MaxBackoff, s.BaseBackoff)
-	case s.Batch < 1 || s.MaxAttempts < 1 || s.Workers < 1:
-		return fmt.Errorf("relay: batch, max attempts and workers must be at least 1 (got %d, %d, %d)", s.Batch, s.MaxAttempts, s.Workers)
+	case s.Batch < 1 || s.MaxAttempts < 1 || s.Workers < 1 || s.Concurrency < 1:
+		return fmt.Errorf("relay: batch, max attempts, workers and concurrency must be at least 1 (got %d, %d, %d, %d)",
+			s.Batch, s.MaxAttempts, s.Workers, s.Concurrency)
 	}
 	return nil
 }
@@ -72,7 +77,7 @@ type Config struct {
 // Defaults are the settings the lab runs with.
 func Defaults() Config {
 	return Config{Settings: Settings{
-		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50, Workers: 2,
+		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50, Workers: 2, Concurrency: 8,
 		MaxAttempts: 8, BaseBackoff: 500 * time.Millisecond, MaxBackoff: time.Minute,
 	}}
 }
@@ -147,25 +152,41 @@ func (r *Relay) work(ctx context.Context) {
 	}
 }
 
-// Tick claims one batch of due events, delivers them, and reports how many
-// were delivered and completed. A completion the fence refuses is logged and
-// counted (Fenced), never counted as delivered.
+// Tick claims one batch of due events, delivers them, up to Concurrency at
+// once, and reports how many were delivered and completed. Each delivery is
+// completed under its own claim token, so running them together changes no
+// guarantee: a completion the fence refuses is logged and counted (Fenced),
+// never counted as delivered, and an event whose completion failed stays
+// pending until its lease ends.
 func (r *Relay) Tick(ctx context.Context) (int, error) {
 	events, err := r.cfg.Outbox.ClaimDue(ctx, r.cfg.Batch, r.cfg.Lease)
 	if err != nil {
 		return 0, fmt.Errorf("error claiming outbox events: %w", err)
 	}
-	delivered := 0
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		delivered int
+		errs      []error
+	)
+	slots := make(chan struct{}, r.cfg.Concurrency)
 	for _, ev := range events {
-		ok, err := r.deliver(ctx, ev)
-		if err != nil {
-			return delivered, err
-		}
-		if ok {
-			delivered++
-		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			ok, err := r.deliver(ctx, ev)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				errs = append(errs, err)
+			case ok:
+				delivered++
+			}
+		})
 	}
-	return delivered, nil
+	wg.Wait()
+	return delivered, errors.Join(errs...)
 }
 
 // deliver sends one claimed event and completes it under the claim's fence.
