@@ -38,10 +38,10 @@ type Provider interface {
 
 // Settings tune a relay; every field is required (Defaults has the lab's).
 type Settings struct {
-	Interval    time.Duration // poll interval of each worker
-	Lease       time.Duration // how long a claimed event is hidden from other workers
-	Batch       int           // events per claim
-	Workers     int           // goroutines of one relay, each claiming its own batch
+	Interval time.Duration // poll interval of each worker
+	Lease    time.Duration // how long a claimed event is hidden from other workers
+	Batch    int           // events per claim
+	Workers  int           // goroutines of one relay, each claiming its own batch
 	// Concurrency bounds the deliveries of one batch in flight at once: a
 	// delivery waits mostly on the provider (its capture, then its webhooks
 	// back), so one at a time leaves the relay far behind the charges.
