@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/tenants"
@@ -45,7 +46,7 @@ func (s *Server) chargeUnsafe(c echo.Context) error {
 
 // chargeIdempotent runs ?store=, a design that checks the key.
 func (s *Server) chargeIdempotent(c echo.Context) error {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func (s *Server) recentRuns(view lab.Namespace, full bool) []experiment.Report {
 // runs is GET /lab/runs: the namespace's recent runs (matrix cells
 // included), newest first, without their timelines.
 func (s *Server) listRuns(c echo.Context) error {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -200,7 +201,7 @@ type runsAnswer struct {
 
 // run is GET /lab/runs/{run_id}: one of the caller's runs, whole.
 func (s *Server) run(c echo.Context) error {
-	if _, err := lab.ParseQuery(c.Request().URL.RawQuery); err != nil {
+	if _, err := wire.ParseQuery(c.Request().URL.RawQuery); err != nil {
 		return err
 	}
 	who, err := s.who(c.Request(), true)
@@ -218,7 +219,7 @@ func (s *Server) run(c echo.Context) error {
 }
 
 func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Identity) (experiment.Spec, int, error) {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return experiment.Spec{}, 0, err
 	}
@@ -327,7 +328,7 @@ var faultParams = []string{"work_ms", "ttl_ms", "window_ms"}
 // take (ttl_ms, the claim TTL, also goes without a fault), and notes those
 // that the store has nothing to apply to: the page sends one query to two
 // stores side by side, so a parameter of the fault is accepted on both.
-func (s *Server) faultParamsApply(q lab.Query, spec *experiment.Spec, fault string) error {
+func (s *Server) faultParamsApply(q wire.Query, spec *experiment.Spec, fault string) error {
 	var takes []string
 	for _, f := range lab.FaultSpecs() {
 		if string(f.Point) == fault {
@@ -364,7 +365,7 @@ func (s *Server) faultParamsApply(q lab.Query, spec *experiment.Spec, fault stri
 // state lists stored keys (bounded, newest first), or one key's state.
 func (s *Server) state(c echo.Context) error {
 	ctx := c.Request().Context()
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -470,7 +471,7 @@ func (s *Server) state(c echo.Context) error {
 
 func (s *Server) outbox(c echo.Context) error {
 	ctx := c.Request().Context()
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -660,7 +661,7 @@ func (s *Server) matrix(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}

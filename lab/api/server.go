@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/relay"
@@ -295,7 +296,7 @@ func takes(params []string) echo.MiddlewareFunc {
 // checkQuery is the check takes runs: the query parses, every parameter is
 // allowed and given once, and pretty, if given, is empty or "true".
 func checkQuery(raw string, allowed []string) error {
-	q, err := lab.ParseQuery(raw)
+	q, err := wire.ParseQuery(raw)
 	if err != nil {
 		return err
 	}
@@ -422,7 +423,7 @@ func (c caller) view() lab.Namespace {
 // postCharge is POST /charges, the path every attempt takes.
 func (s *Server) postCharge(c echo.Context) error {
 	r := c.Request()
-	q, err := lab.ParseQuery(r.URL.RawQuery)
+	q, err := wire.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -439,7 +440,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		return err
 	}
 	tenant := who.Tenant
-	key, hasKey, err := lab.ParseKeyHeader(r.Header.Values(lab.KeyHeader))
+	key, hasKey, err := wire.ParseKeyHeader(r.Header.Values(lab.KeyHeader))
 	if err != nil {
 		return err
 	}
@@ -448,7 +449,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		return errKeyMissing
 	}
 	if hasKey {
-		c.Response().Header().Set(lab.KeyHeader, lab.FormatKeyHeader(key))
+		c.Response().Header().Set(lab.KeyHeader, wire.FormatKeyHeader(key))
 	}
 	var faults lab.Faults
 	if h := r.Header.Get(lab.FaultHeader); h != "" {
@@ -480,7 +481,7 @@ func (s *Server) postCharge(c echo.Context) error {
 			return err
 		}
 	}
-	req, err := lab.ParseChargeRequest(r.Body)
+	req, err := wire.ParseChargeRequest(r.Body)
 	if err != nil {
 		return err
 	}
@@ -697,7 +698,7 @@ func (s *Server) ResetLocal(ctx context.Context, ns lab.Namespace) error {
 
 // scope reads ?all=true: every namespace, which only the admin may ask for
 // (anyone, on a lab without an admin token).
-func (s *Server) scope(q lab.Query, who caller) (lab.Namespace, error) {
+func (s *Server) scope(q wire.Query, who caller) (lab.Namespace, error) {
 	all, err := q.Choice("all", "false", "false", "true")
 	if err != nil {
 		return "", err
@@ -713,14 +714,14 @@ func (s *Server) scope(q lab.Query, who caller) (lab.Namespace, error) {
 
 // scoped reads who asks, the query, and which namespace an action that
 // forgets state (a reset, a restart) may reach.
-func (s *Server) scoped(c echo.Context) (caller, lab.Query, lab.Namespace, error) {
+func (s *Server) scoped(c echo.Context) (caller, wire.Query, lab.Namespace, error) {
 	who, err := s.who(c.Request(), true)
 	if err != nil {
-		return caller{}, lab.Query{}, "", err
+		return caller{}, wire.Query{}, "", err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
-		return caller{}, lab.Query{}, "", err
+		return caller{}, wire.Query{}, "", err
 	}
 	ns, err := s.scope(q, who)
 	return who, q, ns, err
@@ -813,7 +814,7 @@ func (s *Server) restartStore(c echo.Context) error {
 // join gives an attendee a namespace of their own: POST /lab/join, with
 // the workshop's code as {"code": "…"} when the instructor set one.
 func (s *Server) join(c echo.Context) error {
-	code, err := lab.ParseJoinRequest(c.Request().Body)
+	code, err := wire.ParseJoinRequest(c.Request().Body)
 	if err != nil {
 		return err
 	}
@@ -840,7 +841,7 @@ func (s *Server) CountSwept(store lab.StoreName, n int) {
 // whose work outlives its request (in flight with its lease and fencing
 // token, or completed with its answer), for the caller's tenant.
 func (s *Server) operation(c echo.Context) error {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -881,7 +882,7 @@ func (s *Server) failover(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
