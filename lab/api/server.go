@@ -532,23 +532,23 @@ func (s *Server) postCharge(c echo.Context) error {
 }
 
 func (s *Server) health(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "replica": s.cfg.Replica, "case": peerCase, "stack": peerStack})
+	return c.JSON(http.StatusOK, healthAnswer{Status: "ok", Replica: s.cfg.Replica, Case: peerCase, Stack: peerStack})
 }
 
 // ready reports each configured dependency.
 func (s *Server) ready(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
-	status, deps := http.StatusOK, map[string]any{}
+	status, deps := http.StatusOK, map[string]dependencyState{}
 	for _, ch := range s.deps.Checks {
-		d := map[string]any{"status": "ok", "describe": ch.Describe}
+		d := dependencyState{Status: "ok", Describe: ch.Describe}
 		if err := ch.Ping(ctx); err != nil {
-			d["status"], d["error"] = "down", err.Error()
+			d.Status, d.Error = "down", err.Error()
 			status = http.StatusServiceUnavailable
 		}
 		deps[ch.Name] = d
 	}
-	return c.JSON(status, map[string]any{"replica": s.cfg.Replica, "ledger": s.deps.Books.Kind(), "dependencies": deps})
+	return c.JSON(status, readyAnswer{Replica: s.cfg.Replica, Ledger: s.deps.Books.Kind(), Dependencies: deps})
 }
 
 // index serves the page to browsers and lists the routes and stores otherwise.
@@ -758,11 +758,11 @@ func (s *Server) resetLab(c echo.Context) error {
 	if ns == "" {
 		what = "every namespace: the lab's own idempotency keys, ledger entries, outbox events, webhooks, the provider's captures and receipts, and runs"
 	}
-	return c.JSON(http.StatusOK, map[string]any{
-		"reset": true, "status": "reset", "namespace": string(ns),
-		"message": "keys, ledger, outbox and runs of " + nsName(ns) + " deleted",
-		"deleted": what + "; nothing else in the configured PostgreSQL or Redis",
-		"ledger":  s.deps.Books.Kind(),
+	return c.JSON(http.StatusOK, resetAnswer{
+		Reset: true, Status: "reset", Namespace: string(ns),
+		Message: "keys, ledger, outbox and runs of " + nsName(ns) + " deleted",
+		Deleted: what + "; nothing else in the configured PostgreSQL or Redis",
+		Ledger:  s.deps.Books.Kind(),
 	})
 }
 
@@ -808,7 +808,7 @@ func (s *Server) restartStore(c echo.Context) error {
 			return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
 		}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica, "namespace": string(ns), "key_prefix": prefix})
+	return c.JSON(http.StatusOK, restartAnswer{Restarted: st.Name(), Replica: s.cfg.Replica, Namespace: string(ns), KeyPrefix: prefix})
 }
 
 // join gives an attendee a namespace of their own: POST /lab/join, with
@@ -826,9 +826,9 @@ func (s *Server) join(c echo.Context) error {
 		return fmt.Errorf("%w: %w", lab.ErrStoreUnavailable, err)
 	}
 	s.log.InfoContext(c.Request().Context(), "attendee joined", "namespace", id.Namespace)
-	return c.JSON(http.StatusCreated, map[string]any{
-		"token": id.Token, "tenant": id.Tenant, "namespace": id.Namespace, "second_tenant": id.Second().Tenant,
-		"note": "send Authorization: Bearer <token> with every request: charges, runs, faults, resets and reports then act on your namespace only",
+	return c.JSON(http.StatusCreated, joinAnswer{
+		Token: id.Token, Tenant: id.Tenant, Namespace: id.Namespace, SecondTenant: id.Second().Tenant,
+		Note: "send Authorization: Bearer <token> with every request: charges, runs, faults, resets and reports then act on your namespace only",
 	})
 }
 
@@ -902,5 +902,5 @@ func (s *Server) failover(c echo.Context) error {
 		return err
 	}
 	s.log.InfoContext(c.Request().Context(), "redis pair failover", "step", step, "primary", primary, "asked_by", nsName(who.view()))
-	return c.JSON(http.StatusOK, map[string]any{"step": step, "namespace": string(who.Namespace)})
+	return c.JSON(http.StatusOK, failoverAnswer{Step: step, Namespace: string(who.Namespace)})
 }
