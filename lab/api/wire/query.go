@@ -11,7 +11,7 @@ import (
 
 // Query parameters are validated before anything reads a store or a
 // database: a value is absent (the default applies), or present and then
-// never empty and always within its bounds. Every failure is an
+// never empty and always within its bounds. Every failure is a
 // *lab.InvalidError naming the parameter.
 
 // MaxNameBytes bounds a name parameter (store, fault, scenario, format…).
