@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -103,12 +102,19 @@ func (e Event) Receipt() (key string, amountCents int64) {
 	return r.Key, r.AmountCents
 }
 
+// The statuses of the two answers a charge stores for replay, decided with
+// the ledger's outcome; lab/api sends them as they are.
+const (
+	statusCreated  = 201 // http.StatusCreated
+	statusConflict = 409 // http.StatusConflict
+)
+
 // ChargeResponse is the 201 the API sends and stores for replay. Like
 // every JSON body of the lab it ends with a newline, so a shell prompt
 // never sticks to it; the replay sends the same bytes.
 func ChargeResponse(c Charge) Response {
 	body, _ := json.Marshal(c)
-	return Response{Status: http.StatusCreated, Body: append(body, '\n')}
+	return Response{Status: statusCreated, Body: append(body, '\n')}
 }
 
 // ProblemTypeBase prefixes every problem's type URI.
@@ -136,7 +142,7 @@ func (p Problem) Response() Response {
 // OrderConflictResponse is the stored, deterministic business outcome of a
 // charge whose order was already charged.
 func OrderConflictResponse(oc *OrderConflictError) Response {
-	return Problem{Title: "Order already charged", Status: http.StatusConflict, Code: "order_already_charged",
+	return Problem{Title: "Order already charged", Status: statusConflict, Code: "order_already_charged",
 		Detail: oc.Error(), ChargeID: oc.ChargeID}.Response()
 }
 

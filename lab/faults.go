@@ -203,8 +203,9 @@ func ParseFaults(h string) (Faults, error) {
 		default:
 			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis, confine", name)
 		}
-		ms, err := ParseInt(FaultHeader, value, true, 0, 1, 60_000)
-		if err != nil {
+		// Canonical decimal only, as in a query: no sign, space or leading zero.
+		ms, err := strconv.ParseInt(value, 10, 64)
+		if err != nil || strconv.FormatInt(ms, 10) != value || ms < 1 || ms > 60_000 {
 			return f, Invalid(FaultHeader, "%s must be an integer in 1..60000 (got %q)", name, value)
 		}
 		*dst = time.Duration(ms) * time.Millisecond

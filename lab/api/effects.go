@@ -8,6 +8,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
@@ -73,7 +74,7 @@ func (s *Server) effectsMatrix(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/tenants"
@@ -45,7 +46,7 @@ func (s *Server) chargeUnsafe(c echo.Context) error {
 
 // chargeIdempotent runs ?store=, a design that checks the key.
 func (s *Server) chargeIdempotent(c echo.Context) error {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -148,7 +149,7 @@ func (s *Server) recentRuns(view lab.Namespace, full bool) []experiment.Report {
 // runs is GET /lab/runs: the namespace's recent runs (matrix cells
 // included), newest first, without their timelines.
 func (s *Server) listRuns(c echo.Context) error {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -179,28 +180,13 @@ func (s *Server) openRun(c echo.Context) error {
 	if err := s.deps.Books.OpenRun(c.Request().Context(), who.Namespace, run); err != nil {
 		return fmt.Errorf("%w: %w", lab.ErrStoreUnavailable, err)
 	}
-	return c.JSON(http.StatusCreated, openedRun{RunID: run, Namespace: string(who.Namespace),
+	return c.JSON(http.StatusCreated, openRunAnswer{RunID: run, Namespace: string(who.Namespace),
 		Note: "send Lab-Run: " + run + " with your charges (and your token): only your namespace's charges count in it"})
-}
-
-// openedRun is POST /lab/runs.
-type openedRun struct {
-	RunID     string `json:"run_id"`
-	Namespace string `json:"namespace"`
-	Note      string `json:"note"`
-}
-
-// runsAnswer is GET /lab/runs.
-type runsAnswer struct {
-	Namespace string              `json:"namespace"`
-	Replica   string              `json:"replica"`
-	Runs      []experiment.Report `json:"runs"`
-	Note      string              `json:"note"`
 }
 
 // run is GET /lab/runs/{run_id}: one of the caller's runs, whole.
 func (s *Server) run(c echo.Context) error {
-	if _, err := lab.ParseQuery(c.Request().URL.RawQuery); err != nil {
+	if _, err := wire.ParseQuery(c.Request().URL.RawQuery); err != nil {
 		return err
 	}
 	r, err := s.findRun(c)
@@ -211,7 +197,7 @@ func (s *Server) run(c echo.Context) error {
 }
 
 func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Identity) (experiment.Spec, int, error) {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return experiment.Spec{}, 0, err
 	}
@@ -320,7 +306,7 @@ var faultParams = []string{"work_ms", "ttl_ms", "window_ms"}
 // take (ttl_ms, the claim TTL, also goes without a fault), and notes those
 // that the store has nothing to apply to: the page sends one query to two
 // stores side by side, so a parameter of the fault is accepted on both.
-func (s *Server) faultParamsApply(q lab.Query, spec *experiment.Spec, fault string) error {
+func (s *Server) faultParamsApply(q wire.Query, spec *experiment.Spec, fault string) error {
 	var takes []string
 	for _, f := range lab.FaultSpecs() {
 		if string(f.Point) == fault {
@@ -357,7 +343,7 @@ func (s *Server) faultParamsApply(q lab.Query, spec *experiment.Spec, fault stri
 // state lists stored keys (bounded, newest first), or one key's state.
 func (s *Server) state(c echo.Context) error {
 	ctx := c.Request().Context()
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -400,13 +386,9 @@ func (s *Server) state(c echo.Context) error {
 				return err
 			}
 		}
-		return c.JSON(http.StatusOK, struct {
-			Store lab.StoreName `json:"store"`
-			Seen  string        `json:"key_state"` // as the runs' key_before/key_after name it
-			lab.KeyState
-		}{names[0], k.State, k})
+		return c.JSON(http.StatusOK, keyStateAnswer{Store: names[0], Seen: k.State, KeyState: k})
 	}
-	stores := map[lab.StoreName]any{}
+	stores := map[lab.StoreName]storeKeys{}
 	for _, name := range names {
 		st, ok := s.deps.Stores[name]
 		if !ok {
@@ -426,7 +408,7 @@ func (s *Server) state(c echo.Context) error {
 		if d, ok := st.(lab.Describer); ok {
 			where = d.Describe()
 		}
-		stores[name] = map[string]any{"keys": keys, "total": total, "where": where}
+		stores[name] = storeKeys{Keys: keys, Total: total, Where: where}
 	}
 	balances := map[string]int64{}
 	for _, tenant := range []string{who.Tenant, who.Second().Tenant} {
@@ -439,7 +421,7 @@ func (s *Server) state(c echo.Context) error {
 	// The multi-language lab's fields: the keys of one idempotent store (the
 	// default one unless store= names another), and the ledger per account.
 	peerStore := cmp.Or(lab.StoreName(store), s.cfg.DefaultStore)
-	peerKeys := map[string]any{}
+	peerKeys := map[string]peerKey{}
 	keyCount := 0
 	if l, ok := s.deps.Stores[peerStore].(lab.KeyLister); ok {
 		keys, total, err := l.Keys(ctx, who.view(), int(limit))
@@ -449,21 +431,21 @@ func (s *Server) state(c echo.Context) error {
 		keyCount = total
 		for _, k := range keys {
 			expired := !k.ExpiresAt.IsZero() && !s.cfg.Clock().Before(k.ExpiresAt)
-			peerKeys[k.Key] = map[string]any{"age_ms": k.AgeMS, "expired": expired, "has_response": k.State == lab.KeyCompleted, "tenant": k.Tenant}
+			peerKeys[k.Key] = peerKey{AgeMS: k.AgeMS, Expired: expired, HasResponse: k.State == lab.KeyCompleted, Tenant: k.Tenant}
 		}
 	}
-	return c.JSON(http.StatusOK, map[string]any{
-		"replica": s.cfg.Replica, "namespace": string(who.view()), "stores": stores, "limit": limit,
-		"dedupe_window_ms": s.cfg.Window.Milliseconds(), "account": account, "balance_cents": balances,
-		"keys": peerKeys, "key_count": keyCount, "keys_store": peerStore,
-		"ledger_cents": map[string]int64{account: balances[who.Tenant]},
-		"note":         "keys are kept for the dedupe window and evicted after it: a key that lived forever would be a table that grows forever",
+	return c.JSON(http.StatusOK, stateAnswer{
+		Replica: s.cfg.Replica, Namespace: string(who.view()), Stores: stores, Limit: limit,
+		DedupeWindowMS: s.cfg.Window.Milliseconds(), Account: account, BalanceCents: balances,
+		Keys: peerKeys, KeyCount: keyCount, KeysStore: peerStore,
+		LedgerCents: map[string]int64{account: balances[who.Tenant]},
+		Note:        "keys are kept for the dedupe window and evicted after it: a key that lived forever would be a table that grows forever",
 	})
 }
 
 func (s *Server) outbox(c echo.Context) error {
 	ctx := c.Request().Context()
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -506,15 +488,15 @@ func (s *Server) outbox(c echo.Context) error {
 			delivered = append(delivered, row)
 		}
 	}
-	return c.JSON(http.StatusOK, map[string]any{
-		"events": events, "outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
-		"outbox_in_flight": stats.InFlight, "outbox_retries": stats.Retries,
-		"oldest_pending_ms": stats.OldestPendingAge.Milliseconds(), "receipts": unique, "deliveries": deliveries,
-		"duplicate_deliveries": deliveries - unique, "side_effect_transport": "outbox (unsafe sends directly)",
-		"provider": got.Stats,
-		"outbox":   rows, "delivered": delivered, "limit": limit,
-		"outbox_total": stats.Pending + stats.Delivered + stats.Dead, "delivered_total": unique,
-		"note": "the outbox is written in the charge's transaction; the relay delivers each event at least once: the capture keyed <charge id>:capture, the receipt deduplicated by event id at the provider",
+	return c.JSON(http.StatusOK, outboxAnswer{
+		Events: events, OutboxPending: stats.Pending, OutboxDelivered: stats.Delivered, OutboxDead: stats.Dead,
+		OutboxInFlight: stats.InFlight, OutboxRetries: stats.Retries,
+		OldestPendingMS: stats.OldestPendingAge.Milliseconds(), Receipts: unique, Deliveries: deliveries,
+		DuplicateDeliveries: deliveries - unique, SideEffectTransport: "outbox (unsafe sends directly)",
+		Provider: got.Stats,
+		Outbox:   rows, Delivered: delivered, Limit: limit,
+		OutboxTotal: stats.Pending + stats.Delivered + stats.Dead, DeliveredTotal: unique,
+		Note: "the outbox is written in the charge's transaction; the relay delivers each event at least once: the capture keyed <charge id>:capture, the receipt deduplicated by event id at the provider",
 	})
 }
 
@@ -541,17 +523,7 @@ func (s *Server) retryEvent(c echo.Context) error {
 		return err
 	}
 	s.log.InfoContext(c.Request().Context(), "outbox event re-queued", "event_id", ev.ID, "asked_by", nsName(who.view()))
-	return c.JSON(http.StatusOK, map[string]any{"requeued": ev, "replica": s.cfg.Replica})
-}
-
-// peerRow is an outbox row as the multi-language lab shows it.
-type peerRow struct {
-	Key         string    `json:"key"`
-	Kind        string    `json:"kind"`
-	AmountCents int64     `json:"amount_cents"`
-	At          time.Time `json:"at"`
-	Status      string    `json:"status"`
-	Via         string    `json:"via"`
+	return c.JSON(http.StatusOK, requeueAnswer{Requeued: ev, Replica: s.cfg.Replica})
 }
 
 func (s *Server) summary(c echo.Context) error {
@@ -591,30 +563,17 @@ func (s *Server) summary(c echo.Context) error {
 		v.SideEffectsEmitted += r.SideEffectsEmitted
 		v.OverchargedCents += r.OverchargedCents
 	}
-	return c.JSON(http.StatusOK, map[string]any{
-		"replica": s.cfg.Replica, "namespace": string(who.view()), "ledger": s.deps.Books.Kind(), "stores": stores,
-		"outbox_pending": stats.Pending, "outbox_delivered": stats.Delivered, "outbox_dead": stats.Dead,
-		"recent_runs": runs[:min(len(runs), 20)],
-		"case":        peerCase, "stack": peerStack, "variants": variants,
-		"interpretation": map[string]string{
-			"unsafe":     "charges_applied = attempts: every retry charged again; overcharged_cents is money the business must refund",
-			"idempotent": "charges_applied = 1 and duplicates_prevented = attempts - 1 on a fresh key, however often the client retries — on the stores that hold in the run's situation",
-			"go_note":    "the stores differ in where the decision lives: a mutex in one heap, SET NX in Redis, a unique index inside the charge's transaction",
+	return c.JSON(http.StatusOK, summaryAnswer{
+		Replica: s.cfg.Replica, Namespace: string(who.view()), Ledger: s.deps.Books.Kind(), Stores: stores,
+		OutboxPending: stats.Pending, OutboxDelivered: stats.Delivered, OutboxDead: stats.Dead,
+		RecentRuns: runs[:min(len(runs), 20)],
+		Case:       peerCase, Stack: peerStack, Variants: variants,
+		Interpretation: summaryInterpretation{
+			Unsafe:     "charges_applied = attempts: every retry charged again; overcharged_cents is money the business must refund",
+			Idempotent: "charges_applied = 1 and duplicates_prevented = attempts - 1 on a fresh key, however often the client retries — on the stores that hold in the run's situation",
+			GoNote:     "the stores differ in where the decision lives: a mutex in one heap, SET NX in Redis, a unique index inside the charge's transaction",
 		},
 	})
-}
-
-// peerCounters are the multi-language lab's running counters of one kind
-// of variant.
-type peerCounters struct {
-	Runs                int   `json:"runs"`
-	Attempts            int   `json:"attempts"`
-	ChargesApplied      int   `json:"charges_applied"`
-	DuplicatesPrevented int   `json:"duplicates_prevented"`
-	DuplicatesApplied   int   `json:"duplicates_applied"`
-	IdempotencyHits     int   `json:"idempotency_hits"`
-	SideEffectsEmitted  int   `json:"side_effects_emitted"`
-	OverchargedCents    int64 `json:"overcharged_cents"`
 }
 
 // The multi-language lab's case and stack, for its clients.
@@ -653,7 +612,7 @@ func (s *Server) matrix(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -694,16 +653,16 @@ func (s *Server) streamMatrix(c echo.Context, id tenants.Identity) error {
 	}
 	stores := s.deps.Variants.Names()
 	cases := experiment.Cases()
-	line(map[string]any{"stores": stores, "cases": cases, "total": len(stores) * len(cases)})
+	line(matrixLayout{Stores: stores, Cases: cases, Total: len(stores) * len(cases)})
 	m, err := s.Matrix(c.Request().Context(), id, func(done, total int, cs experiment.Case, cell experiment.Cell) {
-		line(map[string]any{"done": done, "total": total, "case": cs.Name, "cell": cell})
+		line(matrixProgress{Done: done, Total: total, Case: cs.Name, Cell: cell})
 	})
 	if err != nil {
 		p, _ := toProblem(err)
 		s.log.ErrorContext(c.Request().Context(), "matrix stopped", "code", p.code, "err", err)
-		line(map[string]any{"error": p.problem()})
+		line(matrixFailure{Error: p.problem()})
 		return nil
 	}
-	line(map[string]any{"wall_ms": m.WallMS})
+	line(matrixDone{WallMS: m.WallMS})
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -36,7 +37,7 @@ func FuzzRouteQuery(f *testing.F) {
 				t.Fatalf("%s?%q: %v, want nil or an *InvalidError naming a parameter", rt.path, raw, err)
 			}
 		}
-		q, err := lab.ParseQuery(raw)
+		q, err := wire.ParseQuery(raw)
 		if err != nil {
 			return
 		}

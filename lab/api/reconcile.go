@@ -6,7 +6,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/reconcile"
 )
@@ -18,7 +18,7 @@ const reconcileLimit = 1000
 // what the provider recorded, one finding per charge that disagrees.
 func (s *Server) reconcileCheck(c echo.Context) error {
 	ctx := c.Request().Context()
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}

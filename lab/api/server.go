@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/relay"
@@ -297,7 +298,7 @@ func takes(params []string) echo.MiddlewareFunc {
 // checkQuery is the check takes runs: the query parses, every parameter is
 // allowed and given once, and pretty, if given, is empty or "true".
 func checkQuery(raw string, allowed []string) error {
-	q, err := lab.ParseQuery(raw)
+	q, err := wire.ParseQuery(raw)
 	if err != nil {
 		return err
 	}
@@ -424,7 +425,7 @@ func (c caller) view() lab.Namespace {
 // postCharge is POST /charges, the path every attempt takes.
 func (s *Server) postCharge(c echo.Context) error {
 	r := c.Request()
-	q, err := lab.ParseQuery(r.URL.RawQuery)
+	q, err := wire.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -441,7 +442,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		return err
 	}
 	tenant := who.Tenant
-	key, hasKey, err := lab.ParseKeyHeader(r.Header.Values(lab.KeyHeader))
+	key, hasKey, err := wire.ParseKeyHeader(r.Header.Values(lab.KeyHeader))
 	if err != nil {
 		return err
 	}
@@ -450,7 +451,7 @@ func (s *Server) postCharge(c echo.Context) error {
 		return errKeyMissing
 	}
 	if hasKey {
-		c.Response().Header().Set(lab.KeyHeader, lab.FormatKeyHeader(key))
+		c.Response().Header().Set(lab.KeyHeader, wire.FormatKeyHeader(key))
 	}
 	var faults lab.Faults
 	if h := r.Header.Get(lab.FaultHeader); h != "" {
@@ -482,7 +483,7 @@ func (s *Server) postCharge(c echo.Context) error {
 			return err
 		}
 	}
-	req, err := lab.ParseChargeRequest(r.Body)
+	req, err := wire.ParseChargeRequest(r.Body)
 	if err != nil {
 		return err
 	}
@@ -533,23 +534,23 @@ func (s *Server) postCharge(c echo.Context) error {
 }
 
 func (s *Server) health(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]any{"status": "ok", "replica": s.cfg.Replica, "case": peerCase, "stack": peerStack})
+	return c.JSON(http.StatusOK, healthAnswer{Status: "ok", Replica: s.cfg.Replica, Case: peerCase, Stack: peerStack})
 }
 
 // ready reports each configured dependency.
 func (s *Server) ready(c echo.Context) error {
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
-	status, deps := http.StatusOK, map[string]any{}
+	status, deps := http.StatusOK, map[string]dependencyState{}
 	for _, ch := range s.deps.Checks {
-		d := map[string]any{"status": "ok", "describe": ch.Describe}
+		d := dependencyState{Status: "ok", Describe: ch.Describe}
 		if err := ch.Ping(ctx); err != nil {
-			d["status"], d["error"] = "down", err.Error()
+			d.Status, d.Error = "down", err.Error()
 			status = http.StatusServiceUnavailable
 		}
 		deps[ch.Name] = d
 	}
-	return c.JSON(status, map[string]any{"replica": s.cfg.Replica, "ledger": s.deps.Books.Kind(), "dependencies": deps})
+	return c.JSON(status, readyAnswer{Replica: s.cfg.Replica, Ledger: s.deps.Books.Kind(), Dependencies: deps})
 }
 
 // index serves the page to browsers and lists the routes and stores otherwise.
@@ -700,7 +701,7 @@ func (s *Server) ResetLocal(ctx context.Context, ns lab.Namespace) error {
 
 // scope reads ?all=true: every namespace, which only the admin may ask for
 // (anyone, on a lab without an admin token).
-func (s *Server) scope(q lab.Query, who caller) (lab.Namespace, error) {
+func (s *Server) scope(q wire.Query, who caller) (lab.Namespace, error) {
 	all, err := q.Choice("all", "false", "false", "true")
 	if err != nil {
 		return "", err
@@ -716,14 +717,14 @@ func (s *Server) scope(q lab.Query, who caller) (lab.Namespace, error) {
 
 // scoped reads who asks, the query, and which namespace an action that
 // forgets state (a reset, a restart) may reach.
-func (s *Server) scoped(c echo.Context) (caller, lab.Query, lab.Namespace, error) {
+func (s *Server) scoped(c echo.Context) (caller, wire.Query, lab.Namespace, error) {
 	who, err := s.who(c.Request(), true)
 	if err != nil {
-		return caller{}, lab.Query{}, "", err
+		return caller{}, wire.Query{}, "", err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
-		return caller{}, lab.Query{}, "", err
+		return caller{}, wire.Query{}, "", err
 	}
 	ns, err := s.scope(q, who)
 	return who, q, ns, err
@@ -760,11 +761,11 @@ func (s *Server) resetLab(c echo.Context) error {
 	if ns == "" {
 		what = "every namespace: the lab's own idempotency keys, ledger entries, outbox events, webhooks, the provider's captures and receipts, and runs"
 	}
-	return c.JSON(http.StatusOK, map[string]any{
-		"reset": true, "status": "reset", "namespace": string(ns),
-		"message": "keys, ledger, outbox and runs of " + nsName(ns) + " deleted",
-		"deleted": what + "; nothing else in the configured PostgreSQL or Redis",
-		"ledger":  s.deps.Books.Kind(),
+	return c.JSON(http.StatusOK, resetAnswer{
+		Reset: true, Status: "reset", Namespace: string(ns),
+		Message: "keys, ledger, outbox and runs of " + nsName(ns) + " deleted",
+		Deleted: what + "; nothing else in the configured PostgreSQL or Redis",
+		Ledger:  s.deps.Books.Kind(),
 	})
 }
 
@@ -810,13 +811,13 @@ func (s *Server) restartStore(c echo.Context) error {
 			return fmt.Errorf("error restarting store %s: %w", st.Name(), err)
 		}
 	}
-	return c.JSON(http.StatusOK, map[string]any{"restarted": st.Name(), "replica": s.cfg.Replica, "namespace": string(ns), "key_prefix": prefix})
+	return c.JSON(http.StatusOK, restartAnswer{Restarted: st.Name(), Replica: s.cfg.Replica, Namespace: string(ns), KeyPrefix: prefix})
 }
 
 // join gives an attendee a namespace of their own: POST /lab/join, with
 // the workshop's code as {"code": "…"} when the instructor set one.
 func (s *Server) join(c echo.Context) error {
-	code, err := lab.ParseJoinRequest(c.Request().Body)
+	code, err := wire.ParseJoinRequest(c.Request().Body)
 	if err != nil {
 		return err
 	}
@@ -828,9 +829,9 @@ func (s *Server) join(c echo.Context) error {
 		return fmt.Errorf("%w: %w", lab.ErrStoreUnavailable, err)
 	}
 	s.log.InfoContext(c.Request().Context(), "attendee joined", "namespace", id.Namespace)
-	return c.JSON(http.StatusCreated, map[string]any{
-		"token": id.Token, "tenant": id.Tenant, "namespace": id.Namespace, "second_tenant": id.Second().Tenant,
-		"note": "send Authorization: Bearer <token> with every request: charges, runs, faults, resets and reports then act on your namespace only",
+	return c.JSON(http.StatusCreated, joinAnswer{
+		Token: id.Token, Tenant: id.Tenant, Namespace: id.Namespace, SecondTenant: id.Second().Tenant,
+		Note: "send Authorization: Bearer <token> with every request: charges, runs, faults, resets and reports then act on your namespace only",
 	})
 }
 
@@ -843,7 +844,7 @@ func (s *Server) CountSwept(store lab.StoreName, n int) {
 // whose work outlives its request (in flight with its lease and fencing
 // token, or completed with its answer), for the caller's tenant.
 func (s *Server) operation(c echo.Context) error {
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -884,7 +885,7 @@ func (s *Server) failover(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
 	}
-	q, err := lab.ParseQuery(c.Request().URL.RawQuery)
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
 	if err != nil {
 		return err
 	}
@@ -904,5 +905,5 @@ func (s *Server) failover(c echo.Context) error {
 		return err
 	}
 	s.log.InfoContext(c.Request().Context(), "redis pair failover", "step", step, "primary", primary, "asked_by", nsName(who.view()))
-	return c.JSON(http.StatusOK, map[string]any{"step": step, "namespace": string(who.Namespace)})
+	return c.JSON(http.StatusOK, failoverAnswer{Step: step, Namespace: string(who.Namespace)})
 }

@@ -82,9 +82,5 @@ func (s *Server) providerWebhook(c echo.Context) error {
 		s.log.WarnContext(c.Request().Context(), "webhook does not match its charge: recorded, nothing moved",
 			"event_id", ev.EventID, "charge_id", ev.Data.ChargeID, "capture_id", ev.Data.CaptureID, "mismatch", res.Mismatch)
 	}
-	return c.JSON(http.StatusOK, struct {
-		EventID string `json:"event_id"`
-		Outcome string `json:"outcome"`
-		lab.WebhookResult
-	}{ev.EventID, res.Outcome(), res})
+	return c.JSON(http.StatusOK, webhookAnswer{EventID: ev.EventID, Outcome: res.Outcome(), WebhookResult: res})
 }

@@ -18,6 +18,7 @@ import (
 	vegeta "github.com/tsenart/vegeta/v12/lib"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 )
 
 // Phase is one loaded path: a store, a kind, a replica count.
@@ -189,7 +190,7 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 				return
 			}
 			count201++
-			key, _, err := lab.ParseKeyHeader(r.Headers.Values(lab.KeyHeader))
+			key, _, err := wire.ParseKeyHeader(r.Headers.Values(lab.KeyHeader))
 			var c struct {
 				ID string `json:"id"`
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/reconcile"
 )
@@ -260,7 +261,7 @@ func (r *Runner) effectCharge(ctx context.Context, req EffectsRequest, store lab
 	}
 	hr.Header.Set("Authorization", "Bearer "+req.Token)
 	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set(lab.KeyHeader, lab.FormatKeyHeader(key))
+	hr.Header.Set(lab.KeyHeader, wire.FormatKeyHeader(key))
 	hr.Header.Set("Lab-Run", run)
 	if h := f.String(); h != "" {
 		hr.Header.Set(lab.FaultHeader, h)

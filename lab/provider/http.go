@@ -1,10 +1,8 @@
 package provider
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 )
 
 // Headers of the capture route.
@@ -126,8 +125,8 @@ func (p *Provider) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
-// decodeStrict reads one JSON object into v: no unknown field, nothing
-// after it, at most MaxBodyBytes.
+// decodeStrict reads one JSON object into v with the lab's strict reader:
+// no unknown or repeated field, nothing after it, at most MaxBodyBytes.
 func decodeStrict(c echo.Context, v any) error {
 	body, err := io.ReadAll(http.MaxBytesReader(c.Response(), c.Request().Body, MaxBodyBytes))
 	var tooBig *http.MaxBytesError
@@ -138,13 +137,8 @@ func decodeStrict(c echo.Context, v any) error {
 	case err != nil:
 		return badRequest("invalid_body", "Invalid body", "the body could not be read")
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return badRequest("invalid_body", "Invalid body", "the body must be one JSON object of known fields: "+err.Error())
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return badRequest("invalid_body", "Invalid body", "the body holds something after its JSON object")
+	if err := wire.Decode(body, v); err != nil {
+		return badRequest("invalid_body", "Invalid body", err.Error())
 	}
 	return nil
 }

@@ -1,12 +1,11 @@
-package lab
+package wire
 
 import (
 	"strconv"
 	"strings"
-)
 
-// KeyHeader is the request header that names an operation.
-const KeyHeader = "Idempotency-Key"
+	"github.com/idempotency-lab/lab/lab"
+)
 
 // ParseKeyHeader reads the Idempotency-Key field lines of a request. The
 // IETF draft defines the value as a Structured Field String ("…", with \"
@@ -14,14 +13,14 @@ const KeyHeader = "Idempotency-Key"
 // many clients send it, is accepted as the same key. So `"sf-1"` and
 // `sf-1` name one key. More than one field line is refused: which one
 // would the server honour? Either form must then hold printable text (see
-// ValidateKey). present is false when there is none.
+// lab.ValidateKey). present is false when there is none.
 func ParseKeyHeader(lines []string) (key string, present bool, err error) {
 	switch len(lines) {
 	case 0:
 		return "", false, nil
 	case 1:
 	default:
-		return "", true, Invalid(KeyHeader, "must be sent once (got %d fields)", len(lines))
+		return "", true, lab.Invalid(lab.KeyHeader, "must be sent once (got %d fields)", len(lines))
 	}
 	// Optional white space around a field value is SP and HTAB (RFC 9110):
 	// any other space, U+00A0 say, stays in the key and ValidateKey refuses it.
@@ -32,11 +31,11 @@ func ParseKeyHeader(lines []string) (key string, present bool, err error) {
 		}
 	} else {
 		if strings.ContainsAny(raw, `"\`) {
-			return "", true, Invalid(KeyHeader, `holds a quote or a backslash outside a quoted string; send it as "…" with \" and \\`)
+			return "", true, lab.Invalid(lab.KeyHeader, `holds a quote or a backslash outside a quoted string; send it as "…" with \" and \\`)
 		}
 		key = raw
 	}
-	return key, true, ValidateKey(key)
+	return key, true, lab.ValidateKey(key)
 }
 
 // parseSFString decodes one RFC 8941 sf-string and refuses anything after it.
@@ -46,22 +45,22 @@ func parseSFString(raw string) (string, error) {
 		switch c := raw[i]; {
 		case c == '\\':
 			if i+1 == len(raw) || raw[i+1] != '"' && raw[i+1] != '\\' {
-				return "", Invalid(KeyHeader, `a quoted key may escape only \" and \\`)
+				return "", lab.Invalid(lab.KeyHeader, `a quoted key may escape only \" and \\`)
 			}
 			i++
 			b.WriteByte(raw[i])
 		case c == '"':
 			if i != len(raw)-1 {
-				return "", Invalid(KeyHeader, "holds something after its closing quote")
+				return "", lab.Invalid(lab.KeyHeader, "holds something after its closing quote")
 			}
 			return b.String(), nil
 		case c < 0x20 || c > 0x7e:
-			return "", Invalid(KeyHeader, "a quoted key holds printable ASCII only (got byte %s)", strconv.QuoteToASCII(string(c)))
+			return "", lab.Invalid(lab.KeyHeader, "a quoted key holds printable ASCII only (got byte %s)", strconv.QuoteToASCII(string(c)))
 		default:
 			b.WriteByte(c)
 		}
 	}
-	return "", Invalid(KeyHeader, "opens a quote it never closes")
+	return "", lab.Invalid(lab.KeyHeader, "opens a quote it never closes")
 }
 
 // FormatKeyHeader writes key as the sf-string the response echoes; a key

@@ -1,4 +1,4 @@
-package lab_test
+package wire_test
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 )
 
 func TestParseKeyHeader(t *testing.T) {
@@ -33,7 +34,7 @@ func TestParseKeyHeader(t *testing.T) {
 		{"Control", []string{"a\x01b"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			key, present, err := lab.ParseKeyHeader(tc.lines)
+			key, present, err := wire.ParseKeyHeader(tc.lines)
 			if !present {
 				t.Fatal("a field was sent: present must be true")
 			}
@@ -47,12 +48,12 @@ func TestParseKeyHeader(t *testing.T) {
 			if err != nil || key != tc.key {
 				t.Fatalf("got %q, %v; want %q", key, err, tc.key)
 			}
-			if back, _, err := lab.ParseKeyHeader([]string{lab.FormatKeyHeader(key)}); err != nil || back != key {
-				t.Fatalf("echo %q reads back as %q, %v", lab.FormatKeyHeader(key), back, err)
+			if back, _, err := wire.ParseKeyHeader([]string{wire.FormatKeyHeader(key)}); err != nil || back != key {
+				t.Fatalf("echo %q reads back as %q, %v", wire.FormatKeyHeader(key), back, err)
 			}
 		})
 	}
-	if _, present, err := lab.ParseKeyHeader(nil); present || err != nil {
+	if _, present, err := wire.ParseKeyHeader(nil); present || err != nil {
 		t.Fatalf("no field: present %v, err %v", present, err)
 	}
 }

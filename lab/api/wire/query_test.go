@@ -1,4 +1,4 @@
-package lab_test
+package wire_test
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
 )
 
 // wantInvalid fails unless err is an *InvalidError naming param whose reason
@@ -54,7 +55,7 @@ func TestParseInt(t *testing.T) {
 		{"InvalidUTF8", "\xff", true, 0, "1..200"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n, err := lab.ParseInt("limit", tc.raw, tc.present, 20, 1, 200)
+			n, err := wire.ParseInt("limit", tc.raw, tc.present, 20, 1, 200)
 			if tc.reason != "" {
 				wantInvalid(t, err, "limit", tc.reason)
 				return
@@ -64,21 +65,6 @@ func TestParseInt(t *testing.T) {
 			}
 		})
 	}
-}
-
-func TestParseRange(t *testing.T) {
-	if n, err := lab.ParseRange("attempts", "", 5, 1, 64); n != 5 || err != nil {
-		t.Fatalf("empty: %d, %v; want the default", n, err)
-	}
-	if n, err := lab.ParseRange("attempts", "64", 5, 1, 64); n != 64 || err != nil {
-		t.Fatalf("64: %d, %v", n, err)
-	}
-	for _, raw := range []string{"+5", " 5", "5 ", "05", "-0", "0x5", "5e0", "65", "abc", "amount=abc"} {
-		_, err := lab.ParseRange("attempts", raw, 5, 1, 64)
-		wantInvalid(t, err, "attempts", "1..64")
-	}
-	_, err := lab.ParseRange("amount", "abc", 2500, 1, lab.MaxAmountCents)
-	wantInvalid(t, err, "amount", "1..10000000")
 }
 
 func TestParseText(t *testing.T) {
@@ -105,7 +91,7 @@ func TestParseText(t *testing.T) {
 		{"TruncatedUTF8", "a\xe2\x82", true, "UTF-8", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			v, err := lab.ParseText("account", tc.raw, tc.present, "acct-1", lab.MaxAccountBytes)
+			v, err := wire.ParseText("account", tc.raw, tc.present, "acct-1", lab.MaxAccountBytes)
 			if !tc.ok {
 				wantInvalid(t, err, "account", tc.want)
 				return
@@ -118,49 +104,49 @@ func TestParseText(t *testing.T) {
 }
 
 func TestParseName(t *testing.T) {
-	for _, ok := range []string{"memory", "crash_after_claim", "a", "x-1+y", strings.Repeat("a", lab.MaxNameBytes)} {
-		if v, err := lab.ParseName("store", ok, true, "memory"); err != nil || v != ok {
+	for _, ok := range []string{"memory", "crash_after_claim", "a", "x-1+y", strings.Repeat("a", wire.MaxNameBytes)} {
+		if v, err := wire.ParseName("store", ok, true, "memory"); err != nil || v != ok {
 			t.Errorf("ParseName(%q) = %q, %v", ok, v, err)
 		}
 	}
-	if v, err := lab.ParseName("store", "", false, "memory"); err != nil || v != "memory" {
+	if v, err := wire.ParseName("store", "", false, "memory"); err != nil || v != "memory" {
 		t.Errorf("absent: %q, %v", v, err)
 	}
-	_, err := lab.ParseName("store", "", true, "memory")
+	_, err := wire.ParseName("store", "", true, "memory")
 	wantInvalid(t, err, "store", "must not be empty")
 	// A space is a '+' the query did not encode: redis+postgres typed in a shell.
-	if v, err := lab.ParseName("store", "redis postgres", true, "memory"); err != nil || v != "redis+postgres" {
+	if v, err := wire.ParseName("store", "redis postgres", true, "memory"); err != nil || v != "redis+postgres" {
 		t.Errorf("an unencoded '+': %q, %v", v, err)
 	}
-	for _, bad := range []string{"Memory", "1st", "-x", " a", "a.b", "mem\x00", "\xff", "ﬁ", strings.Repeat("a", lab.MaxNameBytes+1)} {
-		_, err := lab.ParseName("store", bad, true, "memory")
+	for _, bad := range []string{"Memory", "1st", "-x", " a", "a.b", "mem\x00", "\xff", "ﬁ", strings.Repeat("a", wire.MaxNameBytes+1)} {
+		_, err := wire.ParseName("store", bad, true, "memory")
 		wantInvalid(t, err, "store", "lowercase letter")
 	}
 }
 
 func TestParseChoice(t *testing.T) {
 	formats := []string{"json", "markdown", "table"}
-	if v, err := lab.ParseChoice("format", "table", true, "json", formats...); err != nil || v != "table" {
+	if v, err := wire.ParseChoice("format", "table", true, "json", formats...); err != nil || v != "table" {
 		t.Fatalf("table: %q, %v", v, err)
 	}
-	if v, err := lab.ParseChoice("format", "", false, "json", formats...); err != nil || v != "json" {
+	if v, err := wire.ParseChoice("format", "", false, "json", formats...); err != nil || v != "json" {
 		t.Fatalf("absent: %q, %v", v, err)
 	}
-	_, err := lab.ParseChoice("format", "xml", true, "json", formats...)
+	_, err := wire.ParseChoice("format", "xml", true, "json", formats...)
 	wantInvalid(t, err, "format", "must be one of json, markdown, table")
-	_, err = lab.ParseChoice("format", "", true, "json", formats...)
+	_, err = wire.ParseChoice("format", "", true, "json", formats...)
 	wantInvalid(t, err, "format", "must not be empty")
 }
 
 // TestQuery covers the findings: values that reached PostgreSQL and gave
 // 500 (SQLSTATE 22021) are 400s naming the parameter, before any store.
 func TestQuery(t *testing.T) {
-	text := func(name, def string, max int) func(lab.Query) error {
-		return func(q lab.Query) error { _, err := q.Text(name, def, max); return err }
+	text := func(name, def string, max int) func(wire.Query) error {
+		return func(q wire.Query) error { _, err := q.Text(name, def, max); return err }
 	}
 	for _, tc := range []struct {
 		name, query string
-		check       func(lab.Query) error
+		check       func(wire.Query) error
 		param, want string // "" when valid
 	}{
 		{"StateAccountNUL", "account=%00", text("account", "acct-1", lab.MaxAccountBytes), "account", "control"},
@@ -171,14 +157,17 @@ func TestQuery(t *testing.T) {
 		{"KeyRepeated", "key=a&key=b", text("key", "order-4711", lab.MaxKeyBytes), "key", "at most once"},
 		{"KeyAbsent", "limit=5", text("key", "order-4711", lab.MaxKeyBytes), "", ""},
 		{"AccountPlusIsSpace", "account=a+b", text("account", "acct-1", lab.MaxAccountBytes), "", ""},
-		{"LimitPlus", "limit=%2B5", func(q lab.Query) error { _, err := q.Int("limit", 20, 1, 200); return err }, "limit", "1..200"},
-		{"LimitSpace", "limit=+5", func(q lab.Query) error { _, err := q.Int("limit", 20, 1, 200); return err }, "limit", "1..200"},
-		{"LimitEmpty", "limit=", func(q lab.Query) error { _, err := q.Int("limit", 20, 1, 200); return err }, "limit", "must not be empty"},
-		{"StoreUpper", "store=Memory", func(q lab.Query) error { _, err := q.Name("store", "memory"); return err }, "store", "lowercase"},
-		{"FormatUnknown", "format=xml", func(q lab.Query) error { _, err := q.Choice("format", "json", "json", "markdown", "table"); return err }, "format", "one of"},
+		{"LimitPlus", "limit=%2B5", func(q wire.Query) error { _, err := q.Int("limit", 20, 1, 200); return err }, "limit", "1..200"},
+		{"LimitSpace", "limit=+5", func(q wire.Query) error { _, err := q.Int("limit", 20, 1, 200); return err }, "limit", "1..200"},
+		{"LimitEmpty", "limit=", func(q wire.Query) error { _, err := q.Int("limit", 20, 1, 200); return err }, "limit", "must not be empty"},
+		{"StoreUpper", "store=Memory", func(q wire.Query) error { _, err := q.Name("store", "memory"); return err }, "store", "lowercase"},
+		{"FormatUnknown", "format=xml", func(q wire.Query) error {
+			_, err := q.Choice("format", "json", "json", "markdown", "table")
+			return err
+		}, "format", "one of"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			q, err := lab.ParseQuery(tc.query)
+			q, err := wire.ParseQuery(tc.query)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,10 +182,10 @@ func TestQuery(t *testing.T) {
 		})
 	}
 	for _, bad := range []string{"account=%zz", "account=%f", "a=1;b=2", "key=%"} {
-		_, err := lab.ParseQuery(bad)
+		_, err := wire.ParseQuery(bad)
 		wantInvalid(t, err, "query", "malformed")
 	}
-	q, _ := lab.ParseQuery("account=%C3%A9")
+	q, _ := wire.ParseQuery("account=%C3%A9")
 	if v, err := q.Text("account", "", 64); v != "é" || err != nil {
 		t.Fatalf("percent-encoded UTF-8: %q, %v", v, err)
 	}

@@ -1,16 +1,18 @@
-package lab
+package wire
 
 import (
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/idempotency-lab/lab/lab"
 )
 
 // Query parameters are validated before anything reads a store or a
 // database: a value is absent (the default applies), or present and then
-// never empty and always within its bounds. Every failure is an
-// *InvalidError naming the parameter.
+// never empty and always within its bounds. Every failure is a
+// *lab.InvalidError naming the parameter.
 
 // MaxNameBytes bounds a name parameter (store, fault, scenario, format…).
 const MaxNameBytes = 32
@@ -20,11 +22,11 @@ type Query struct{ values url.Values }
 
 // ParseQuery parses a raw query string (URL.RawQuery). A malformed
 // percent-escape ("%zz") or a ';' separator, which url.URL.Query silently
-// drops with the pair it is in, is an *InvalidError naming "query".
+// drops with the pair it is in, is a *lab.InvalidError naming "query".
 func ParseQuery(raw string) (Query, error) {
 	v, err := url.ParseQuery(raw)
 	if err != nil {
-		return Query{}, Invalid("query", "is malformed: %v", err)
+		return Query{}, lab.Invalid("query", "is malformed: %v", err)
 	}
 	return Query{v}, nil
 }
@@ -50,19 +52,19 @@ func (q Query) Allow(names ...string) error {
 				param = "query" // the problem names it quoted, not raw
 			}
 			if len(names) == 0 {
-				return Invalid(param, "%s is not a parameter of this route, which takes none", clip(n))
+				return lab.Invalid(param, "%s is not a parameter of this route, which takes none", clip(n))
 			}
-			return Invalid(param, "%s is not a parameter of this route; it takes %s", clip(n), strings.Join(names, ", "))
+			return lab.Invalid(param, "%s is not a parameter of this route; it takes %s", clip(n), strings.Join(names, ", "))
 		}
 		if vs := q.values[n]; len(vs) > 1 {
-			return Invalid(n, "must be given at most once (got %d values)", len(vs))
+			return lab.Invalid(n, "must be given at most once (got %d values)", len(vs))
 		}
 	}
 	return nil
 }
 
 // Lookup returns the parameter's value and whether it is present. A
-// parameter given more than once is an *InvalidError: two readers must never
+// parameter given more than once is a *lab.InvalidError: two readers must never
 // see two different values.
 func (q Query) Lookup(name string) (value string, present bool, err error) {
 	vs, ok := q.values[name]
@@ -70,7 +72,7 @@ func (q Query) Lookup(name string) (value string, present bool, err error) {
 	case !ok:
 		return "", false, nil
 	case len(vs) > 1:
-		return "", true, Invalid(name, "must be given at most once (got %d values)", len(vs))
+		return "", true, lab.Invalid(name, "must be given at most once (got %d values)", len(vs))
 	}
 	return vs[0], true, nil
 }
@@ -120,18 +122,18 @@ func ParseInt(name, raw string, present bool, def, lo, hi int64) (int64, error) 
 		return def, nil
 	}
 	if raw == "" {
-		return 0, Invalid(name, "must not be empty: an integer in %d..%d, or leave it out for %d", lo, hi, def)
+		return 0, lab.Invalid(name, "must not be empty: an integer in %d..%d, or leave it out for %d", lo, hi, def)
 	}
 	n, err := strconv.ParseInt(raw, 10, 64)
 	if err != nil || strconv.FormatInt(n, 10) != raw || n < lo || n > hi {
-		return 0, Invalid(name, "must be an integer in %d..%d (got %s)", lo, hi, clip(raw))
+		return 0, lab.Invalid(name, "must be an integer in %d..%d (got %s)", lo, hi, clip(raw))
 	}
 	return n, nil
 }
 
 // ParseText parses a free-text parameter (key, account, order_id, tenant):
 // absent, it is def; present, it must be 1..max bytes of printable text
-// (see CheckText): valid UTF-8 without control, format or other invisible
+// (see lab.CheckText): valid UTF-8 without control, format or other invisible
 // characters and without whitespace at either end. Spaces inside and
 // non-ASCII letters are allowed, as they are in the charge body.
 func ParseText(name, raw string, present bool, def string, max int) (string, error) {
@@ -139,11 +141,11 @@ func ParseText(name, raw string, present bool, def string, max int) (string, err
 	case !present:
 		return def, nil
 	case raw == "":
-		return "", Invalid(name, "must not be empty: 1..%d bytes of printable text, or leave it out", max)
+		return "", lab.Invalid(name, "must not be empty: 1..%d bytes of printable text, or leave it out", max)
 	case len(raw) > max:
-		return "", Invalid(name, "is %d bytes; allowed 1..%d bytes", len(raw), max)
+		return "", lab.Invalid(name, "is %d bytes; allowed 1..%d bytes", len(raw), max)
 	}
-	if err := textError(name, raw, max); err != nil {
+	if err := lab.CheckText(name, raw, max); err != nil {
 		return "", err
 	}
 	return raw, nil
@@ -162,9 +164,9 @@ func ParseName(name, raw string, present bool, def string) (string, error) {
 	case !present:
 		return def, nil
 	case raw == "":
-		return "", Invalid(name, "must not be empty: a name, or leave it out")
+		return "", lab.Invalid(name, "must not be empty: a name, or leave it out")
 	case !isName(raw):
-		return "", Invalid(name, "must be a name of 1..%d bytes: a lowercase letter, then a-z, 0-9, '_', '-' or '+' (got %s)", MaxNameBytes, clip(raw))
+		return "", lab.Invalid(name, "must be a name of 1..%d bytes: a lowercase letter, then a-z, 0-9, '_', '-' or '+' (got %s)", MaxNameBytes, clip(raw))
 	}
 	return raw, nil
 }
@@ -176,7 +178,7 @@ func ParseChoice(name, raw string, present bool, def string, allowed ...string) 
 		return v, err
 	}
 	if !slices.Contains(allowed, v) {
-		return "", Invalid(name, "must be one of %s (got %s)", strings.Join(allowed, ", "), clip(raw))
+		return "", lab.Invalid(name, "must be one of %s (got %s)", strings.Join(allowed, ", "), clip(raw))
 	}
 	return v, nil
 }

@@ -1,9 +1,10 @@
-package lab
+package wire
 
 import (
 	"bytes"
 	"io"
-	"unicode/utf8"
+
+	"github.com/idempotency-lab/lab/lab"
 )
 
 // ParseJoinRequest reads the body of POST /lab/join as strictly as a
@@ -17,21 +18,21 @@ func ParseJoinRequest(body io.Reader) (code string, err error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return "", nil
 	}
-	if !utf8.Valid(data) {
-		return "", Invalid("body", "must be valid UTF-8 (invalid byte at offset %d)", invalidUTF8At(data))
-	}
-	fields, err := splitObject(data)
+	fields, err := readObject(data)
 	if err != nil {
 		return "", err
 	}
 	for _, f := range fields {
 		if f.name != "code" {
-			return "", Invalid(fieldParam(f.name), "unknown field %s; allowed: code", clip(f.name))
+			return "", lab.Invalid(fieldParam(f.name), "unknown field %s; allowed: code", clip(f.name))
 		}
 		if code, err = jsonString("code", f.value, true); err != nil {
 			return "", err
 		}
-		if err := checkText("code", code, MaxKeyBytes, true); err != nil {
+		if code == "" {
+			return "", lab.Invalid("code", "is required: 1..%d bytes of printable text", lab.MaxKeyBytes)
+		}
+		if err := lab.CheckText("code", code, lab.MaxKeyBytes); err != nil {
 			return "", err
 		}
 	}
