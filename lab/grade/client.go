@@ -55,7 +55,9 @@ type exchange struct {
 	ret      time.Time
 }
 
-func (e exchange) ok() bool { return e.status >= 200 && e.status < 300 && e.status != http.StatusAccepted }
+func (e exchange) ok() bool {
+	return e.status >= 200 && e.status < 300 && e.status != http.StatusAccepted
+}
 
 // told says what an answer was, in a few words.
 func (e exchange) told() string {
