@@ -250,6 +250,7 @@ func inFlight(ctx context.Context, ck *checker) (Verdict, string) {
 	sleep(ctx, inFlightGap)
 	b := ck.send(ctx, ck.charge(key, ck.cfg.KeyForm, body, false, 0))
 	first := <-firstDone
+	defer ck.readBack(ctx, key, false) // for the history: what the key holds once both are done
 	slow := ""
 	if len(ck.cfg.SlowHeader) == 0 {
 		slow = "; give a header or body field that makes the target slow with -slow-header"
@@ -443,6 +444,7 @@ func fieldOrder(ctx context.Context, ck *checker) (Verdict, string) {
 		return Unverified, "the first request was answered " + first.told()
 	}
 	e := ck.settle(ctx, ck.charge(key, ck.cfg.KeyForm, other, false, lane))
+	ck.readBack(ctx, key, false) // for the history
 	switch {
 	case e.ok() && e.id == first.id:
 		return Pass, fmt.Sprintf("the same fields in reverse order, with other whitespace, were told %s", first.id)
@@ -507,6 +509,8 @@ func tenants(ctx context.Context, ck *checker) (Verdict, string) {
 	}
 	a2 := ck.settle(ctx, ck.charge(key, ck.cfg.KeyForm, body, false, lane1))
 	b2 := ck.settle(ctx, ck.charge(key, ck.cfg.KeyForm, body, true, lane2))
+	ck.readBack(ctx, key, false) // for the history: each client's key holds its own
+	ck.readBack(ctx, key, true)
 	switch {
 	case a2.id != a.id || b2.id != b.id:
 		return Fail, fmt.Sprintf("the clients made %s and %s, but their retries were told %s and %s", a.id, b.id, a2.told(), b2.told())
