@@ -7,6 +7,7 @@
 //	lab bench [flags]     load every store's charge path and compare it with its ceilings
 //	lab health [-url]     exit 0 when the URL answers 200 (container health check)
 //	lab check-history F   check a recorded history for linearizability
+//	lab check -target U   check any Idempotency-Key API over HTTP, case by case
 //	lab help              list the subcommands
 package main
 
@@ -30,7 +31,7 @@ func main() {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "lab:", err)
 		}
-		if errors.Is(err, errNotLinearizable) {
+		if errors.Is(err, errNotLinearizable) || errors.Is(err, errCheckFailed) {
 			os.Exit(1) // a verdict, not a failure to run
 		}
 		os.Exit(2)
@@ -61,6 +62,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runHealth(ctx, args, stderr)
 	case "check-history":
 		return runCheckHistory(ctx, args, os.Stdin, stdout, stderr)
+	case "check":
+		return runCheck(ctx, args, stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, commands)
 		return nil
@@ -81,6 +84,9 @@ const commands = `usage:
   lab health [-url U]   exit 0 when U answers 200 (container health check)
   lab check-history F   check a run's history (NDJSON, as /lab/runs/{id}/history answers it) for
                         linearizability; exit 1 when no single charge per key explains it (-html)
+  lab check -target U   check any Idempotency-Key API over HTTP, case by case (the draft's MUSTs
+                        and SHOULDs, the storm, lost responses, the history); exit 1 when a MUST
+                        or the storm fails (-token, -token2, -slow-header, -readback, -format)
 `
 
 // shutdownGrace bounds how long in-flight requests may take to finish.
