@@ -183,7 +183,7 @@ func TestMatrix(t *testing.T) {
 			}
 		}
 	}
-	m, err := a.Server().Matrix(t.Context(), a.Public(), nil)
+	m, err := a.Service().Matrix(t.Context(), a.Public(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

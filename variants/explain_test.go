@@ -39,7 +39,7 @@ func TestExplanationsMatchTheirNumbers(t *testing.T) {
 				spec.OrderID = "order-" + key
 			}
 			for pass, prior := range []string{"fresh", "charged"} {
-				rep, err := a.Server().Run(t.Context(), spec, c.Replicas)
+				rep, err := a.Service().Run(t.Context(), spec, c.Replicas)
 				if err != nil {
 					t.Fatalf("%s/%s/%s: %v", c.Name, store, prior, err)
 				}

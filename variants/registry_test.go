@@ -48,7 +48,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 		t.Fatalf("ledger holds %d charges, the report %d", n, rep.KeyCharges)
 	}
 
-	m, err := a.Server().Matrix(t.Context(), a.Public(), nil)
+	m, err := a.Service().Matrix(t.Context(), a.Public(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

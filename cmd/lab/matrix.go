@@ -61,7 +61,7 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer cancel()
 		_ = a.Close(sctx)
 	}()
-	mx, err := a.Server().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, cell experiment.Cell) {
+	mx, err := a.Service().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, cell experiment.Cell) {
 		bar.show(done, total, c.Name+" / "+string(cell.Store))
 	})
 	bar.end()

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/history"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/variants"
 )
@@ -59,7 +60,7 @@ func TestMatrixWriteRewritesTheReadme(t *testing.T) {
 	if err := os.WriteFile(path, []byte(head+"| old table |\n"+tail), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cell := experiment.Cell{Store: "memory", Available: true, Verdict: lab.Holds, ExpectedVerdict: lab.Holds}
+	cell := experiment.Cell{Store: "memory", Available: true, Verdict: lab.Holds, ExpectedVerdict: lab.Holds, Checked: history.Linearizable, MoneyHolds: true}
 	mx := experiment.Matrix{Stores: []lab.StoreName{"memory"}, Rows: []experiment.Row{{Case: experiment.Cases()[0], Cells: []experiment.Cell{cell}}}}
 	if err := writeReadme(path, mx); err != nil {
 		t.Fatal(err)
@@ -74,7 +75,9 @@ func TestMatrixWriteRewritesTheReadme(t *testing.T) {
 
 	for name, c := range map[string]experiment.Cell{
 		"not run":    {Store: "memory", HowToEnable: "set DATABASE_URL"},
-		"unexpected": {Store: "memory", Available: true, Verdict: lab.Breaks, ExpectedVerdict: lab.Holds},
+		"unexpected": {Store: "memory", Available: true, Verdict: lab.Breaks, ExpectedVerdict: lab.Holds, Checked: history.Violation, MoneyHolds: true},
+		"unproven":   {Store: "memory", Available: true, Verdict: lab.Breaks, ExpectedVerdict: lab.Breaks, Checked: history.Linearizable, MoneyHolds: true},
+		"unchecked":  {Store: "memory", Available: true, Verdict: lab.Holds, ExpectedVerdict: lab.Holds, Checked: history.Unknown, MoneyHolds: true},
 	} {
 		mx.Rows[0].Cells[0] = c
 		if err := writeReadme(path, mx); err == nil {

@@ -18,10 +18,8 @@ func (s *Server) findRun(c echo.Context) (experiment.Report, error) {
 		return experiment.Report{}, err
 	}
 	id := c.Param("id")
-	for _, r := range s.recentRuns(who.view(), true) {
-		if r.RunID == id {
-			return r, nil
-		}
+	if r, ok := s.deps.Service.FindRun(who.view(), id); ok {
+		return r, nil
 	}
 	return experiment.Report{}, problem(http.StatusNotFound, "run_not_found", "Run not found",
 		"no run "+strconv.Quote(id)+" among the recent runs of namespace "+nsName(who.view())+" on this replica")

@@ -2,7 +2,6 @@ package api
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +18,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/labsvc"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/tenants"
 )
@@ -75,75 +75,11 @@ func (s *Server) labRun(c echo.Context, store lab.StoreName) error {
 	if err != nil {
 		return err
 	}
-	rep, err := s.Run(c.Request().Context(), spec, replicas)
+	rep, err := s.deps.Service.Run(c.Request().Context(), spec, replicas)
 	if err != nil {
 		return err
 	}
 	return c.JSON(http.StatusOK, rep)
-}
-
-// Run fires one lab run on n replicas and records it in the history.
-func (s *Server) Run(ctx context.Context, spec experiment.Spec, replicas int) (experiment.Report, error) {
-	if _, err := s.pickStore(string(spec.Store)); err != nil {
-		return experiment.Report{}, err
-	}
-	targets, err := s.deps.Cluster.Targets(ctx, replicas)
-	if err != nil {
-		return experiment.Report{}, err
-	}
-	rep, err := s.deps.Runner.Run(ctx, spec, targets)
-	if err != nil {
-		return rep, err
-	}
-	if rep.DedupeWindowMS == 0 {
-		rep.DedupeWindowMS = s.cfg.Window.Milliseconds()
-	}
-	s.remember(rep)
-	return rep, nil
-}
-
-// remember keeps a run, timeline and all, in its namespace's history, so
-// it can be opened again (GET /lab/runs/{run_id}).
-func (s *Server) remember(rep experiment.Report) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ns := rep.Namespace
-	runs := append(s.runs[ns], rep)
-	// Runs of one's own and matrix cells are bounded apart, so a matrix
-	// never pushes the attendee's own runs out.
-	kept, own, cells := make([]experiment.Report, 0, len(runs)), 0, 0
-	for i := len(runs) - 1; i >= 0; i-- {
-		if runs[i].Matrix == "" {
-			own++
-		} else {
-			cells++
-		}
-		if runs[i].Matrix == "" && own <= maxRunHistory || runs[i].Matrix != "" && cells <= maxRunHistory {
-			kept = append(kept, runs[i])
-		}
-	}
-	slices.Reverse(kept)
-	s.runs[ns] = kept
-}
-
-// recentRuns lists the runs the caller may see, newest first; without
-// their timelines unless full.
-func (s *Server) recentRuns(view lab.Namespace, full bool) []experiment.Report {
-	s.mu.Lock()
-	var runs []experiment.Report
-	for ns, rs := range s.runs {
-		if view == "" || ns == view {
-			runs = append(runs, rs...)
-		}
-	}
-	s.mu.Unlock()
-	slices.SortStableFunc(runs, func(x, y experiment.Report) int { return y.StartedAt.Compare(x.StartedAt) })
-	if !full {
-		for i := range runs {
-			runs[i].Timeline, runs[i].Events, runs[i].LedgerRows = nil, nil, nil
-		}
-	}
-	return runs
 }
 
 // runs is GET /lab/runs: the namespace's recent runs (matrix cells
@@ -153,7 +89,7 @@ func (s *Server) listRuns(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	limit, err := q.Int("limit", defaultLimit, 1, maxRunHistory)
+	limit, err := q.Int("limit", defaultLimit, 1, labsvc.MaxRunHistory)
 	if err != nil {
 		return err
 	}
@@ -161,9 +97,9 @@ func (s *Server) listRuns(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	runs := s.recentRuns(who.view(), false)
+	runs := s.deps.Service.Runs(who.view(), false)
 	return c.JSON(http.StatusOK, runsAnswer{Namespace: string(who.view()), Replica: s.cfg.Replica, Runs: runs[:min(len(runs), int(limit))],
-		Note: "this replica's recent runs of the namespace (at most " + strconv.Itoa(maxRunHistory) + "); GET /lab/runs/{run_id} opens one with its timeline"})
+		Note: "this replica's recent runs of the namespace (at most " + strconv.Itoa(labsvc.MaxRunHistory) + "); GET /lab/runs/{run_id} opens one with its timeline"})
 }
 
 // openRun is POST /lab/runs: a run of the caller's namespace, for charges
@@ -221,7 +157,7 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	if spec.AmountCents, err = q.Int("amount", defaultAmount, 1, lab.MaxAmountCents); err != nil {
 		return spec, 0, err
 	}
-	replicas, err := q.Int("replicas", 1, 1, int64(s.deps.Cluster.MaxReplicas()))
+	replicas, err := q.Int("replicas", 1, 1, int64(s.deps.Service.Replicas().MaxReplicas()))
 	if err != nil {
 		return spec, 0, err
 	}
@@ -542,7 +478,7 @@ func (s *Server) summary(c echo.Context) error {
 	}
 	// The peer lab's summary knows runs of one's own; matrix cells are
 	// listed by GET /lab/runs.
-	runs := slices.DeleteFunc(s.recentRuns(who.view(), false), func(r experiment.Report) bool { return r.Matrix != "" })
+	runs := slices.DeleteFunc(s.deps.Service.Runs(who.view(), false), func(r experiment.Report) bool { return r.Matrix != "" })
 	if stores == nil {
 		stores = []lab.StoreSummary{}
 	}
@@ -582,32 +518,6 @@ const (
 	peerStack = "Go (Echo, PostgreSQL, Redis)"
 )
 
-// Matrix runs every store against every case in id's namespace, each cell
-// a real run.
-func (s *Server) Matrix(ctx context.Context, id tenants.Identity, progress func(done, total int, c experiment.Case, cell experiment.Cell)) (experiment.Matrix, error) {
-	second := id.Second()
-	return s.deps.Runner.RunMatrix(ctx, experiment.MatrixRequest{
-		Stores: s.deps.Variants.Names(),
-		Unavailable: func(store lab.StoreName) string {
-			if _, ok := s.deps.Stores[store]; ok {
-				return ""
-			}
-			return cmp.Or(s.deps.Unavailable[store], "not available on this server")
-		},
-		PairUnavailable: s.deps.Cluster.PairUnavailable(),
-		Targets:         s.deps.Cluster.Targets, Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token, OtherTenant: second.Tenant, Other: second.Token,
-		Account: defaultAccount, Amount: defaultAmount,
-		Progress: func(done, total int, c experiment.Case, cell experiment.Cell) {
-			if cell.Run != nil {
-				s.remember(*cell.Run) // each cell stays in the history, to be opened again
-			}
-			if progress != nil {
-				progress(done, total, c, cell)
-			}
-		},
-	})
-}
-
 func (s *Server) matrix(c echo.Context) error {
 	if err := s.requireFaults(); err != nil {
 		return err
@@ -620,9 +530,6 @@ func (s *Server) matrix(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if s.deps.Cluster.MaxReplicas() < 3 {
-		return lab.Invalid("replicas", "the matrix needs 3 replicas; this server has %d", s.deps.Cluster.MaxReplicas())
-	}
 	who, err := s.who(c.Request(), true)
 	if err != nil {
 		return err
@@ -630,7 +537,7 @@ func (s *Server) matrix(c echo.Context) error {
 	if format == "ndjson" {
 		return s.streamMatrix(c, who.Identity)
 	}
-	m, err := s.Matrix(c.Request().Context(), who.Identity, nil)
+	m, err := s.deps.Service.Matrix(c.Request().Context(), who.Identity, nil)
 	if err != nil {
 		return err
 	}
@@ -654,7 +561,7 @@ func (s *Server) streamMatrix(c echo.Context, id tenants.Identity) error {
 	stores := s.deps.Variants.Names()
 	cases := experiment.Cases()
 	line(matrixLayout{Stores: stores, Cases: cases, Total: len(stores) * len(cases)})
-	m, err := s.Matrix(c.Request().Context(), id, func(done, total int, cs experiment.Case, cell experiment.Cell) {
+	m, err := s.deps.Service.Matrix(c.Request().Context(), id, func(done, total int, cs experiment.Case, cell experiment.Cell) {
 		line(matrixProgress{Done: done, Total: total, Case: cs.Name, Cell: cell})
 	})
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labsvc"
 )
 
 // problemError is an error that already knows its problem.
@@ -42,11 +43,6 @@ var (
 		"send the admin token as Authorization: Bearer <token>")
 )
 
-// tooMany is a namespace over its share of a replica: 429, retry later.
-type tooMany struct{ what string }
-
-func (e *tooMany) Error() string { return e.what }
-
 // problemJSON is the media type of every error body (RFC 9457).
 const problemJSON = "application/problem+json"
 
@@ -57,7 +53,7 @@ func toProblem(err error) (*problemError, time.Duration) {
 		ie *lab.InvalidError
 		ip *lab.InProgressError
 		he *echo.HTTPError
-		tm *tooMany
+		tm *labsvc.SlowLimitError
 	)
 	switch {
 	case errors.As(err, &pe):
@@ -67,7 +63,9 @@ func toProblem(err error) (*problemError, time.Duration) {
 		p.param = ie.Param
 		return p, 0
 	case errors.As(err, &tm):
-		return problem(http.StatusTooManyRequests, "too_many_requests", "Too many requests", tm.what), time.Second
+		return problem(http.StatusTooManyRequests, "too_many_requests", "Too many requests", tm.Error()), time.Second
+	case errors.Is(err, labsvc.ErrEffectsRunning):
+		return problem(http.StatusConflict, "effects_running", "Effects matrix running", err.Error()), 0
 	case errors.As(err, &ip):
 		return problem(http.StatusConflict, "idempotency_in_progress", "Request in progress",
 			"a request with this Idempotency-Key is still being processed; retry after the Retry-After delay"), ip.RetryAfter

@@ -23,6 +23,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api/wire"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/labsvc"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/relay"
 	"github.com/idempotency-lab/lab/lab/tenants"
@@ -90,20 +91,10 @@ type Check struct {
 	Ping     func(ctx context.Context) error
 }
 
-// Cluster gives the lab routes the replicas they send attempts to.
-type Cluster interface {
-	// Targets returns the base URLs of n replicas (attempts go round-robin).
-	Targets(ctx context.Context, n int) ([]string, error)
-	// MaxReplicas is how many replicas Targets can give.
-	MaxReplicas() int
-	// ResetPeers makes the other replicas forget a namespace's keys (every
-	// namespace with all), acting with the caller's Authorization header.
-	ResetPeers(ctx context.Context, authorization string, all bool) error
-	// Failover steps the Redis pair through a failover ("hold", then
-	// "promote") and returns the primary's address.
+// Failover steps the lab's Redis pair through a failover ("hold", then
+// "promote") for a namespace and returns the primary's address.
+type Failover interface {
 	Failover(ctx context.Context, ns lab.Namespace, step string) (string, error)
-	// PairUnavailable says why the failover fault cannot run ("" when it can).
-	PairUnavailable() string
 }
 
 // Deps are what the server works with.
@@ -114,8 +105,10 @@ type Deps struct {
 	Stores      map[lab.StoreName]lab.Store // this replica's stores, one per available variant
 	Unavailable map[lab.StoreName]string    // variant -> how to enable it
 	Checks      []Check
-	Runner      *experiment.Runner
-	Cluster     Cluster
+	// Service is this replica's use cases (runs, the matrices, the run
+	// history, the slow bound, resets); the routes are its HTTP face.
+	Service  *labsvc.Service
+	Failover Failover
 	// RelayCounts reads the outbox relay's deliveries by outcome; nil on a
 	// replica that runs no relay.
 	RelayCounts func() relay.Counts
@@ -139,11 +132,7 @@ type Server struct {
 	metrics *metrics
 	echo    *echo.Echo
 
-	mu   sync.Mutex
-	runs map[lab.Namespace][]experiment.Report // recent runs per namespace, newest last, bounded
-	slow map[lab.Namespace]int                 // slow attempts in flight, per namespace
-	// effects marks the namespaces running the effects matrix here.
-	effects map[lab.Namespace]bool
+	mu sync.Mutex
 	// runOwners remembers whose each run is, once read from the books: a
 	// run never changes namespace, and every attempt of a run asks.
 	runOwners map[string]lab.Namespace
@@ -181,20 +170,12 @@ func (s *Server) checkRun(ctx context.Context, run string, ns lab.Namespace) err
 	return nil
 }
 
-// Bounds on what one namespace may hold of a replica with slow faults.
-const (
-	maxSlowAttempts = 64               // slow attempts in flight at once: one run's worth
-	maxSlowWork     = 10 * time.Second // work_ms of one slow attempt
-)
-
-// maxRunHistory bounds each namespace's run history: one attendee's runs
-// never push out another's.
-const maxRunHistory = 100
+// maxSlowWork bounds the work_ms of one slow attempt.
+const maxSlowWork = 10 * time.Second
 
 // New builds the server and its routes.
 func New(cfg Config, deps Deps) *Server {
-	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), slow: map[lab.Namespace]int{}, effects: map[lab.Namespace]bool{},
-		runs: map[lab.Namespace][]experiment.Report{}, runOwners: map[string]lab.Namespace{}}
+	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), runOwners: map[string]lab.Namespace{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts, stuck: deps.Books, stuckAfter: cfg.StuckAfter})
@@ -465,7 +446,7 @@ func (s *Server) postCharge(c echo.Context) error {
 			if faults.Work > maxSlowWork {
 				return lab.Invalid(lab.FaultHeader, "work_ms must be at most %d on this shared lab", maxSlowWork.Milliseconds())
 			}
-			release, err := s.admitSlow(who.Namespace)
+			release, err := s.deps.Service.AdmitSlow(who.Namespace)
 			if err != nil {
 				return err
 			}
@@ -579,7 +560,7 @@ func (s *Server) index(c echo.Context) error {
 		Variants:     variants,
 		Stores:       byName,
 		Faults:       FaultIndex{Enabled: s.cfg.FaultsEnabled, Points: lab.FaultSpecs()},
-		MaxReplicas:  s.deps.Cluster.MaxReplicas(),
+		MaxReplicas:  s.deps.Service.Replicas().MaxReplicas(),
 		Routes: []string{
 			"POST " + base + "/charges?store=" + string(s.cfg.DefaultStore) + " (Idempotency-Key, Authorization: Bearer <token>)",
 			"GET " + base + "/charge-unsafe?key=order-4711&account=acct-1&attempts=5&amount=2500",
@@ -659,46 +640,6 @@ func (s *Server) requireFaults() error {
 	return nil
 }
 
-// admitSlow counts a slow attempt of ns in, or refuses it when the
-// namespace already has its share in flight on this replica.
-func (s *Server) admitSlow(ns lab.Namespace) (release func(), err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.slow[ns] >= maxSlowAttempts {
-		return nil, &tooMany{what: fmt.Sprintf("this namespace already has %d slow attempts in flight on this replica", maxSlowAttempts)}
-	}
-	s.slow[ns]++
-	return func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.slow[ns]--; s.slow[ns] == 0 {
-			delete(s.slow, ns)
-		}
-	}, nil
-}
-
-// ResetLocal forgets this replica's keys of a namespace ("" for every
-// namespace) and its runs.
-func (s *Server) ResetLocal(ctx context.Context, ns lab.Namespace) error {
-	for name, st := range s.deps.Stores {
-		r, ok := st.(lab.Resetter)
-		if !ok {
-			continue // a store without keys has nothing to forget
-		}
-		if err := r.Reset(ctx, ns); err != nil {
-			return fmt.Errorf("error resetting store %s: %w", name, err)
-		}
-	}
-	s.mu.Lock()
-	if ns == "" {
-		clear(s.runs)
-	} else {
-		delete(s.runs, ns)
-	}
-	s.mu.Unlock()
-	return nil
-}
-
 // scope reads ?all=true: every namespace, which only the admin may ask for
 // (anyone, on a lab without an admin token).
 func (s *Server) scope(q wire.Query, who caller) (lab.Namespace, error) {
@@ -741,21 +682,16 @@ func (s *Server) resetLab(c echo.Context) error {
 	}
 	ctx := c.Request().Context()
 	s.log.InfoContext(ctx, "reset", "namespace", nsName(ns), "asked_by", nsName(who.view()), "local", local)
-	if err := s.ResetLocal(ctx, ns); err != nil {
-		return err
-	}
+	// Peers reset with local=true: the replica that was asked reaches
+	// every other one itself.
+	reset := s.deps.Service.ResetLocal
 	if local == "false" {
-		if err := s.deps.Books.Reset(ctx, ns); err != nil {
-			return fmt.Errorf("error resetting the books: %w", err)
+		reset = func(ctx context.Context, ns lab.Namespace) error {
+			return s.deps.Service.Reset(ctx, ns, c.Request().Header.Get("Authorization"))
 		}
-		if err := s.deps.Provider.Reset(ctx, string(ns)); err != nil {
-			return fmt.Errorf("error resetting the provider's records: %w", err)
-		}
-		if s.deps.Cluster != nil {
-			if err := s.deps.Cluster.ResetPeers(ctx, c.Request().Header.Get("Authorization"), ns == ""); err != nil {
-				return err
-			}
-		}
+	}
+	if err := reset(ctx, ns); err != nil {
+		return err
 	}
 	what := "namespace " + string(ns) + ": its idempotency keys, ledger entries, outbox events, webhooks, the provider's captures and receipts, and runs"
 	if ns == "" {
@@ -900,7 +836,7 @@ func (s *Server) failover(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	primary, err := s.deps.Cluster.Failover(c.Request().Context(), who.Namespace, step)
+	primary, err := s.deps.Failover.Failover(c.Request().Context(), who.Namespace, step)
 	if err != nil {
 		return err
 	}

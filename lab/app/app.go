@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +26,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/lab/labsvc"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
 	"github.com/idempotency-lab/lab/lab/provider"
@@ -62,15 +62,7 @@ type App struct {
 	unavailable map[lab.StoreName]string
 	redisWhere  string // "embedded …" or "at REDIS_URL"
 
-	pair      *redisdb.Pair // the failover fault's primary and replica; nil without redis-server
-	pairHow   string        // why there is no pair, and how to have one
-	failingMu sync.Mutex    // one failover at a time; guards holder and heldAt
-	holder    lab.Namespace // who held the pair's replication back, if this process did
-	heldAt    time.Time
-	// waiting is the namespace refused last while another held, and when:
-	// it has the next turn for a moment.
-	waiting   lab.Namespace
-	waitingAt time.Time
+	failover *redisFailover // the failover fault's Redis pair, if any
 
 	secret         []byte           // signs and verifies the provider's webhooks
 	providerClient *provider.Client // the payment provider, over HTTP
@@ -80,11 +72,9 @@ type App struct {
 	// of the background's own when PostgreSQL is configured.
 	relayOutbox relay.Outbox
 
-	primary *replica
-	growing sync.Mutex // serialises starting in-process replicas; held during their I/O
+	replicas *replicaSet
 
 	mu    sync.Mutex // guards what follows; never held during I/O
-	extra []*replica // in-process replicas, started on demand
 	pools []*pgxpool.Pool
 	// budgeted are the replicas' store pools, each under one connection
 	// budget per namespace.
@@ -97,12 +87,13 @@ type App struct {
 
 // replica is one server with its own process-local state.
 type replica struct {
-	name   string
-	server *api.Server
-	stores map[lab.StoreName]lab.Store
-	http   *http.Server
-	url    string
-	served chan error
+	name    string
+	server  *api.Server
+	service *labsvc.Service // its use cases: runs, history, matrices, resets
+	stores  map[lab.StoreName]lab.Store
+	http    *http.Server
+	url     string
+	served  chan error
 }
 
 // Start builds the lab and starts serving on cfg.Addr.
@@ -137,6 +128,8 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		}
 	}
 	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
+	a.replicas = &replicaSet{basePath: cfg.BasePath, peers: cfg.Peers, max: cfg.MaxReplicas, client: a.client,
+		failover: a.failover, start: a.startReplica}
 	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Now: cfg.Clock}
 	var joined tenants.Joined = tenants.NewInMemory()
 	if a.pool != nil {
@@ -182,7 +175,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		a.closeAll()
 		return nil, err
 	}
-	a.primary = r
+	a.replicas.mu.Lock()
+	a.replicas.primary = r
+	a.replicas.mu.Unlock()
 	a.bg.Go(func() { rl.Run(bgCtx) })
 	a.bg.Go(func() { a.sweep(bgCtx) })
 	return a, nil
@@ -218,7 +213,7 @@ func (a *App) missing(v variant.Variant) string {
 }
 
 // URL is the primary replica's base URL (with the base path).
-func (a *App) URL() string { return a.primary.url + strings.TrimSuffix(a.cfg.BasePath, "/") }
+func (a *App) URL() string { return a.replicas.all()[0].url + strings.TrimSuffix(a.cfg.BasePath, "/") }
 
 // Books exposes the ground truth, for tests and the matrix.
 func (a *App) Books() Books { return a.books }
@@ -238,10 +233,22 @@ func (a *App) StorePools() []*pgdb.Pool {
 }
 
 // Server is the primary replica's server.
-func (a *App) Server() *api.Server { return a.primary.server }
+func (a *App) Server() *api.Server { return a.replicas.all()[0].server }
+
+// Service is the primary replica's use cases: runs, the matrices, the run
+// history, resets (for commands and tests that run them without HTTP).
+func (a *App) Service() *labsvc.Service { return a.replicas.all()[0].service }
+
+// Targets returns n replicas' base URLs, starting in-process ones as needed.
+func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
+	return a.replicas.Targets(ctx, n)
+}
+
+// PairUnavailable says why the failover fault cannot run here ("" when it can).
+func (a *App) PairUnavailable() string { return a.failover.Unavailable() }
 
 // Served reports when the primary server stops on its own.
-func (a *App) Served() <-chan error { return a.primary.served }
+func (a *App) Served() <-chan error { return a.replicas.all()[0].served }
 
 // addCloser registers a release for Close.
 func (a *App) addCloser(f func()) {
@@ -265,8 +272,8 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		a.addCloser(func() { _ = client.Close() })
 		deps.Redis = client
 	}
-	if a.pair != nil {
-		client := a.pair.Client()
+	if a.failover.pair != nil {
+		client := a.failover.pair.Client()
 		a.addCloser(func() { _ = client.Close() })
 		deps.RedisPair = client
 	}
@@ -297,20 +304,25 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		stores[v.Name] = st
 	}
 	var relayCounts func() relay.Counts
-	if a.primary == nil { // the primary's metrics carry this process's relay
+	if len(a.replicas.all()) == 0 { // the primary's metrics carry this process's relay
 		relayCounts = a.relay.Counts
+	}
+	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
+		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Window: a.cfg.Window})
+	if err != nil {
+		return nil, err
 	}
 	srv := api.New(api.Config{
 		WebhookSecret: a.secret, StuckAfter: a.cfg.StuckAfter, Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
-		Checks: a.checks, Runner: a.runner, Cluster: a, RelayCounts: relayCounts, Provider: a.providerClient})
+		Checks: a.checks, Service: svc, Failover: a.failover, RelayCounts: relayCounts, Provider: a.providerClient})
 	if self := ln.Addr().(*net.TCPAddr); !self.IP.IsLoopback() && a.cfg.AdminToken == "" {
 		a.cfg.Logger.Warn("listening beyond this machine without an admin token: anyone who reaches "+self.String()+
 			" can reset the lab and run faults; set -admin-token (LAB_ADMIN_TOKEN)", "replica", name)
 	}
 	r := &replica{
-		name: name, server: srv, stores: stores, url: selfURL(ln), served: make(chan error, 1),
+		name: name, server: srv, service: svc, stores: stores, url: selfURL(ln), served: make(chan error, 1),
 		http: httpserve.New(srv.Handler(), a.cfg.Timeouts()),
 	}
 	go func() {
@@ -324,95 +336,6 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 	return r, nil
 }
 
-// Targets returns n replicas' base URLs: this one first, then peers or
-// in-process replicas started on loopback ports as needed.
-func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
-	base := strings.TrimSuffix(a.cfg.BasePath, "/")
-	urls := []string{a.primary.url + base}
-	if len(a.cfg.Peers) > 0 {
-		if n > 1+len(a.cfg.Peers) {
-			return nil, lab.Invalid("replicas", "must be in 1..%d: this cluster has %d peer(s)", 1+len(a.cfg.Peers), len(a.cfg.Peers))
-		}
-		return append(urls, a.cfg.Peers[:n-1]...), nil
-	}
-	a.growing.Lock()
-	defer a.growing.Unlock()
-	for have := len(a.replicas()) - 1; have < n-1; have++ {
-		var lc net.ListenConfig
-		ln, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("error listening for a replica: %w", err)
-		}
-		r, err := a.startReplica(ctx, fmt.Sprintf("r%d", have+2), ln)
-		if err != nil {
-			_ = ln.Close()
-			return nil, err
-		}
-		a.mu.Lock()
-		a.extra = append(a.extra, r)
-		a.mu.Unlock()
-	}
-	for _, r := range a.replicas()[1:n] {
-		urls = append(urls, r.url+base)
-	}
-	return urls, nil
-}
-
-// MaxReplicas is how many replicas a run may spread over.
-func (a *App) MaxReplicas() int {
-	if len(a.cfg.Peers) > 0 {
-		return 1 + len(a.cfg.Peers)
-	}
-	return a.cfg.MaxReplicas
-}
-
-// ResetPeers makes the other replicas forget the keys of the namespace
-// that authorization speaks for (every namespace with all): in-process
-// replicas directly, peers through their own /reset-lab.
-func (a *App) ResetPeers(ctx context.Context, authorization string, all bool) error {
-	for _, r := range a.replicas()[1:] {
-		ns := a.public.Namespace
-		if all {
-			ns = ""
-		} else if token, ok := strings.CutPrefix(authorization, "Bearer "); ok {
-			id, found, err := a.directory.Resolve(ctx, token)
-			if err != nil {
-				return fmt.Errorf("error resolving the token: %w", err)
-			}
-			if found {
-				ns = id.Namespace
-			}
-		}
-		if err := r.server.ResetLocal(ctx, ns); err != nil {
-			return err
-		}
-	}
-	for _, peer := range a.cfg.Peers {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, peer+"/reset-lab?local=true&all="+strconv.FormatBool(all), nil)
-		if err != nil {
-			return fmt.Errorf("error building the reset of peer %s: %w", peer, err)
-		}
-		if authorization != "" {
-			req.Header.Set("Authorization", authorization)
-		}
-		resp, err := a.client.Do(req)
-		if err != nil {
-			return fmt.Errorf("error resetting peer %s: %w", peer, err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("error resetting peer %s: status %d", peer, resp.StatusCode)
-		}
-	}
-	return nil
-}
-
-func (a *App) replicas() []*replica {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return append([]*replica{a.primary}, a.extra...)
-}
-
 // sweep evicts expired keys from every store of every replica.
 func (a *App) sweep(ctx context.Context) {
 	t := time.NewTicker(a.cfg.SweepInterval)
@@ -423,7 +346,7 @@ func (a *App) sweep(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		for _, r := range a.replicas() {
+		for _, r := range a.replicas.all() {
 			for name, st := range r.stores {
 				sw, ok := st.(lab.Sweeper)
 				if !ok {
@@ -444,7 +367,7 @@ func (a *App) sweep(ctx context.Context) {
 // Close stops serving (in-flight requests finish), then stops the workers.
 func (a *App) Close(ctx context.Context) error {
 	var errs []error
-	for _, r := range a.replicas() {
+	for _, r := range a.replicas.all() {
 		if err := r.http.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("error shutting down %s: %w", r.name, err))
 		}

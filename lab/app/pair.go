@@ -4,45 +4,66 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 )
 
+// redisFailover steps the lab's Redis pair through a failover, one
+// namespace's at a time: the API's failover route and the failover runs
+// reach it, and nothing else of the App.
+type redisFailover struct {
+	pair *redisdb.Pair // the failover fault's primary and replica; nil without redis-server
+	how  string        // why there is no pair, and how to have one
+	log  *slog.Logger
+
+	mu     sync.Mutex    // one failover at a time; guards what follows
+	holder lab.Namespace // who held the pair's replication back, if this process did
+	heldAt time.Time
+	// waiting is the namespace refused last while another held, and when:
+	// it has the next turn for a moment.
+	waiting   lab.Namespace
+	waitingAt time.Time
+}
+
 // openPair starts the failover fault's primary and replica when asked and
 // redis-server is installed; otherwise the fault says how to have it.
 func (a *App) openPair(ctx context.Context) {
+	a.failover = &redisFailover{log: a.cfg.Logger}
+	f := a.failover
 	if a.cfg.RedisPairPrimary != "" {
 		p, err := redisdb.ConnectPair(ctx, a.cfg.RedisPairPrimary, a.cfg.RedisPairReplica)
 		if err != nil {
-			a.pairHow = "the given Redis pair does not answer as one: " + err.Error()
+			f.how = "the given Redis pair does not answer as one: " + err.Error()
 			a.cfg.Logger.Warn("failover fault unavailable", "err", err)
 			return
 		}
-		a.pair = p
+		f.pair = p
 		a.cfg.Logger.Info("using the given Redis primary and replica for the failover fault", "primary", p.PrimaryAddr(), "replica", p.ReplicaAddr())
 		return
 	}
 	switch {
 	case !a.cfg.RedisPair:
-		a.pairHow = "the Redis pair is off: run lab serve with -redis-pair on"
+		f.how = "the Redis pair is off: run lab serve with -redis-pair on"
 		return
 	case len(a.cfg.Peers) > 0:
-		a.pairHow = "in cluster mode every process must fail the same pair over: give it with -redis-pair-primary and -redis-pair-replica"
+		f.how = "in cluster mode every process must fail the same pair over: give it with -redis-pair-primary and -redis-pair-replica"
 		return
 	}
 	if _, err := redisdb.FindServer(); err != nil {
-		a.pairHow = err.Error()
+		f.how = err.Error()
 		return
 	}
 	p, err := redisdb.StartPair(ctx)
 	if err != nil {
-		a.pairHow = "the Redis pair did not start: " + err.Error()
+		f.how = "the Redis pair did not start: " + err.Error()
 		a.cfg.Logger.Warn("failover fault unavailable", "err", err)
 		return
 	}
-	a.pair = p
+	f.pair = p
 	a.addCloser(p.Close)
 	a.cfg.Logger.Info("started a Redis primary and replica for the failover fault", "primary", p.PrimaryAddr(), "replica", p.ReplicaAddr())
 }
@@ -63,65 +84,65 @@ const turnFor = 2 * time.Second
 // may promote, until the hold is past its deadline. The steps run to
 // their end even if the caller leaves, so the pair is never left half
 // failed over.
-func (a *App) Failover(ctx context.Context, ns lab.Namespace, step string) (primary string, err error) {
-	if a.pair == nil {
-		return "", fmt.Errorf("%w: %s", lab.ErrStoreUnavailable, a.pairHow)
+func (f *redisFailover) Failover(ctx context.Context, ns lab.Namespace, step string) (primary string, err error) {
+	if f.pair == nil {
+		return "", fmt.Errorf("%w: %s", lab.ErrStoreUnavailable, f.how)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 15*time.Second)
 	defer cancel()
-	a.failingMu.Lock()
-	defer a.failingMu.Unlock()
-	held, err := a.pair.Held(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	held, err := f.pair.Held(ctx)
 	if err != nil {
 		return "", fmt.Errorf("error reading the Redis pair: %w", err)
 	}
-	stale := !a.heldAt.IsZero() && time.Since(a.heldAt) > holdDeadline
+	stale := !f.heldAt.IsZero() && time.Since(f.heldAt) > holdDeadline
 	switch step {
 	case "hold":
 		if held && !stale {
-			if a.waiting == "" || time.Since(a.waitingAt) > turnFor {
-				a.waiting, a.waitingAt = ns, time.Now()
+			if f.waiting == "" || time.Since(f.waitingAt) > turnFor {
+				f.waiting, f.waitingAt = ns, time.Now()
 			}
 			return "", lab.ErrFailoverUnderWay
 		}
-		if a.waiting != "" && a.waiting != ns && time.Since(a.waitingAt) <= turnFor {
+		if f.waiting != "" && f.waiting != ns && time.Since(f.waitingAt) <= turnFor {
 			return "", lab.ErrFailoverUnderWay // the namespace refused last goes first
 		}
-		a.waiting = ""
+		f.waiting = ""
 		if held { // a hold nobody promoted: end it first
-			a.cfg.Logger.Warn("ending a failover hold past its deadline", "held_by", a.holder)
-			if err := a.pair.Promote(ctx); err != nil {
+			f.log.Warn("ending a failover hold past its deadline", "held_by", f.holder)
+			if err := f.pair.Promote(ctx); err != nil {
 				return "", fmt.Errorf("error ending a stale hold: %w", err)
 			}
 		}
-		if err := a.pair.HoldReplication(ctx); err != nil {
+		if err := f.pair.HoldReplication(ctx); err != nil {
 			if errors.Is(err, redisdb.ErrHeld) {
 				return "", lab.ErrFailoverUnderWay // another process held it first
 			}
 			return "", fmt.Errorf("error holding replication back: %w", err)
 		}
-		a.holder, a.heldAt = ns, time.Now()
+		f.holder, f.heldAt = ns, time.Now()
 	case "promote":
 		switch {
 		case !held:
 			return "", lab.Invalid("step", "no failover is under way: hold replication first")
-		case a.holder != "" && a.holder != ns && !stale:
+		case f.holder != "" && f.holder != ns && !stale:
 			return "", lab.ErrFailoverUnderWay // another namespace's failover
 		}
-		if err := a.pair.Promote(ctx); err != nil {
+		if err := f.pair.Promote(ctx); err != nil {
 			return "", fmt.Errorf("error promoting the replica: %w", err)
 		}
-		a.holder, a.heldAt = "", time.Time{}
+		f.holder, f.heldAt = "", time.Time{}
 	default:
 		return "", lab.Invalid("step", "must be hold or promote (got %q)", step)
 	}
-	return a.pair.PrimaryAddr(), nil
+	return f.pair.PrimaryAddr(), nil
 }
 
-// PairUnavailable says why the failover fault cannot run here ("" when it can).
-func (a *App) PairUnavailable() string {
-	if a.pair != nil {
+// Unavailable says why the failover fault cannot run here ("" when it can).
+func (f *redisFailover) Unavailable() string {
+	if f.pair != nil {
 		return ""
 	}
-	return a.pairHow
+	return f.how
 }

@@ -191,13 +191,17 @@ func (m Matrix) Disagreements() []string {
 				continue
 			}
 			proven := c.Checked == history.Violation || !c.MoneyHolds
+			var why, money string
+			if c.Run != nil {
+				why, money = c.Run.CheckedWhy, c.Run.Money.Why
+			}
 			switch {
 			case c.Checked == history.Unknown || c.Checked == "":
-				out = append(out, fmt.Sprintf("%s/%s: %s, the check could not say (%q)", row.Case.Name, c.Store, c.Verdict, c.Run.CheckedWhy))
+				out = append(out, fmt.Sprintf("%s/%s: %s, the check could not say (%q)", row.Case.Name, c.Store, c.Verdict, why))
 			case c.Verdict == lab.Breaks && !proven:
 				out = append(out, fmt.Sprintf("%s/%s: breaks (%d charges), yet the history is %s and the money holds", row.Case.Name, c.Store, c.Charges, c.Checked))
 			case c.Verdict == lab.Holds && proven:
-				out = append(out, fmt.Sprintf("%s/%s: holds, yet the history is %s (%s) and the money %s", row.Case.Name, c.Store, c.Checked, c.Run.CheckedWhy, c.Run.Money.Why))
+				out = append(out, fmt.Sprintf("%s/%s: holds, yet the history is %s (%s) and the money: %s", row.Case.Name, c.Store, c.Checked, why, money))
 			}
 		}
 	}

@@ -38,8 +38,12 @@ const (
 	MaxSlowAttempts = 64
 )
 
-// ErrTooManySlow refuses a slow attempt over the namespace's share.
-var ErrTooManySlow = errors.New("too many slow attempts")
+// SlowLimitError refuses a slow attempt over the namespace's share.
+type SlowLimitError struct{ Limit int }
+
+func (e *SlowLimitError) Error() string {
+	return fmt.Sprintf("this namespace already has %d slow attempts in flight on this replica", e.Limit)
+}
 
 // ErrEffectsRunning refuses a second effects matrix in one namespace: the
 // provider's faults are the namespace's while one runs.
@@ -275,13 +279,13 @@ func (s *Service) Effects(ctx context.Context, id tenants.Identity, progress fun
 	})
 }
 
-// AdmitSlow counts a slow attempt of ns in, or refuses it (ErrTooManySlow)
+// AdmitSlow counts a slow attempt of ns in, or refuses it (SlowLimitError)
 // when the namespace already has its share in flight on this replica.
 func (s *Service) AdmitSlow(ns lab.Namespace) (release func(), err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.slow[ns] >= MaxSlowAttempts {
-		return nil, fmt.Errorf("%w: this namespace already has %d slow attempts in flight on this replica", ErrTooManySlow, MaxSlowAttempts)
+		return nil, &SlowLimitError{Limit: MaxSlowAttempts}
 	}
 	s.slow[ns]++
 	return func() {

@@ -118,7 +118,8 @@ func TestSlowAttemptsAreBoundedPerNamespace(t *testing.T) {
 		}
 		releases = append(releases, release)
 	}
-	if _, err := s.AdmitSlow("acme"); !errors.Is(err, ErrTooManySlow) {
+	var limit *SlowLimitError
+	if _, err := s.AdmitSlow("acme"); !errors.As(err, &limit) || limit.Limit != MaxSlowAttempts {
 		t.Fatalf("one over the share: %v", err)
 	}
 	if release, err := s.AdmitSlow("globex"); err != nil {
