@@ -5,6 +5,25 @@
 // COMMIT. The account's row lock, on which its charges queue, is held from
 // that statement to the commit without waiting on this process.
 //
+// What it buys, in lab bench's fresh phases (postgres, 1 replica, 16
+// connections, 3 s phases): medians of 7 runs, each build in turn, on a
+// shared 2-core machine whose runs differ by 15-40 %; charges/s and p50:
+//
+//	                              1,000 accounts    one hot account
+//	plain path                    490/s  23.5 ms    167/s  58.7 ms
+//	this optimisation alone       630/s  17.0 ms    248/s  38.5 ms   +29 %, +49 %
+//	one-statement replay alone    523/s  19.0 ms    194/s  47.6 ms
+//	both (the default)            742/s  16.2 ms    240/s  45.8 ms   +42 %, +24 % over the replay alone
+//
+// A replay that reaches the transaction gains too (two requests instead
+// of five): 1,087 replays/s alone against 840 plain. The first and last
+// rows come from
+//
+//	go run ./cmd/lab bench -stores postgres -replicas 1 -duration 3s -ceilings=false -attempt-runs 0 -plain-paths on
+//
+// and the same with -plain-paths off; the rows of one optimisation alone
+// from a build with the other one turned off.
+//
 // TestPipelinedChargeAnswersWhatItStores (fastpath_internal_test.go) holds
 // its answers to what the ledger and the key store, alternating with the
 // step-by-step path on one account; TestPlainAndOptimisedAgree

@@ -2,6 +2,24 @@
 // SELECT, outside any transaction, instead of the step-by-step path's
 // BEGIN, SET LOCAL, INSERT, SELECT and ROLLBACK.
 //
+// What it buys, in lab bench's replay phase (postgres, 1 replica, 16
+// connections, 3 s phases): medians of 7 runs, each build in turn, on a
+// shared 2-core machine whose runs differ by 15-40 %:
+//
+//	plain path                          840 replays/s   p50 12.4 ms
+//	this optimisation alone           1,775 replays/s   p50  2.7 ms   +111 %
+//	pipelined commit alone            1,087 replays/s   p50  7.7 ms
+//	both (the default)                1,840 replays/s   p50  4.0 ms   +69 % over the pipelined commit alone
+//
+// The statement that misses costs a first charge nothing measurable (fresh
+// charges on 1,000 accounts: 523/s with it alone, 490/s plain). The first
+// and last rows come from
+//
+//	go run ./cmd/lab bench -stores postgres -replicas 1 -duration 3s -ceilings=false -attempt-runs 0 -plain-paths on
+//
+// and the same with -plain-paths off; the rows of one optimisation alone
+// from a build with the other one turned off.
+//
 // TestFastReplayNeverAnswersWhatTheTransactionWouldNot
 // (fastpath_internal_test.go) holds it to the transaction's answers, row
 // kind by row kind; TestPlainAndOptimisedAgree (plain_test.go) and
