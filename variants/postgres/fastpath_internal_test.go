@@ -84,7 +84,7 @@ func TestFastReplayNeverAnswersWhatTheTransactionWouldNot(t *testing.T) {
 					if hit != want {
 						t.Errorf("%s: the fast path answered %v, want %v", name, hit, want)
 					}
-					slow, err := s.charge(ctx, a, false)
+					slow, err := s.chargeStepByStep(ctx, a)
 					if hit && (err != nil || !slow.Replayed || slow.Response.Status != fast.Response.Status || !bytes.Equal(slow.Response.Body, fast.Response.Body)) {
 						t.Errorf("%s: the fast path replayed %d %s, the transaction answers %+v %v", name, fast.Response.Status, fast.Response.Body, slow, err)
 					}
@@ -112,7 +112,11 @@ func TestPipelinedChargeAnswersWhatItStores(t *testing.T) {
 		pipelined := i%2 == 0
 		key := fmt.Sprintf("k-pipelined-%d", i)
 		req := lab.ChargeRequest{Account: "acct-10", AmountCents: amount, Currency: "USD", OrderID: fmt.Sprintf("order-%d0%d1", i, i)}
-		out, err := s.charge(ctx, attempt(key, req), pipelined)
+		charge := s.chargeStepByStep
+		if pipelined {
+			charge = s.tryPipelined
+		}
+		out, err := charge(ctx, attempt(key, req))
 		if err != nil {
 			t.Fatalf("charge %d (pipelined %v): %v", i, pipelined, err)
 		}
@@ -145,7 +149,7 @@ func TestPipelinedChargeAnswersWhatItStores(t *testing.T) {
 	}
 
 	again := attempt("k-pipelined-order-again", lab.ChargeRequest{Account: "acct-10", AmountCents: 5, Currency: "USD", OrderID: "order-0001"})
-	if _, err := s.charge(ctx, again, true); !errors.Is(err, errTakeSlowPath) {
+	if _, err := s.tryPipelined(ctx, again); !errors.Is(err, errTakeSlowPath) {
 		t.Fatalf("an order already charged, pipelined: %v, want the step-by-step path", err)
 	}
 	var keys, charges int
