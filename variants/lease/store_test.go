@@ -15,7 +15,9 @@ import (
 	"github.com/idempotency-lab/lab/variants/lease"
 )
 
-func setup(t *testing.T) (*lease.Store, *pgxpool.Pool) {
+// setup opens a lease store on a schema of its own, on the given clock:
+// leases begin and end by it.
+func setup(t *testing.T, now lab.Clock) (*lease.Store, *pgxpool.Pool) {
 	t.Helper()
 	url, schema := labtest.Postgres(t)
 	pool, err := pgdb.Open(t.Context(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 10, Migrate: true, AppName: "lab-test-" + schema})
@@ -24,7 +26,7 @@ func setup(t *testing.T) (*lease.Store, *pgxpool.Pool) {
 	}
 	t.Cleanup(pool.Close)
 	s, err := lease.New(lease.Config{Pool: pgdb.NewPool(pool), Window: time.Hour, Wait: 100 * time.Millisecond, Lease: time.Minute,
-		Now: time.Now, Logger: slog.New(slog.DiscardHandler)})
+		Now: now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,14 +40,16 @@ func attempt(key string, f lab.Faults) lab.Attempt {
 }
 
 // TestStaleWorkerIsFencedByTheLedger: the first worker pauses past its
-// lease; a retry takes over with token 2 and charges; when the first wakes,
-// the database refuses its write (token 1 is stale), it is recorded, and
-// the ledger holds exactly one charge, carrying token 2.
+// lease; a retry takes over with the next token and charges; when the first
+// wakes, the database refuses its write (its token is stale), it is
+// recorded, and the ledger holds exactly one charge, carrying the new token.
 func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
-	s, pool := setup(t)
+	clock := labtest.NewClock(time.Now())
+	s, pool := setup(t, clock.Now)
+	signals := lease.ArmSignals(s)
 	ctx := t.Context()
 	const key = "k-stale"
-	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: 800 * time.Millisecond, ClaimTTL: 200 * time.Millisecond})
+	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: time.Second, ClaimTTL: 200 * time.Millisecond})
 	type answer struct {
 		out lab.Outcome
 		err error
@@ -55,25 +59,19 @@ func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
 		out, err := s.Charge(ctx, owner)
 		done <- answer{out, err}
 	}()
-	// The claim is committed (visible while the work runs), then its lease ends.
-	sawInFlight := false
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		k, err := s.Lookup(ctx, owner.Scope)
-		st := k.State
-		if err != nil {
-			t.Fatal(err)
-		}
-		sawInFlight = sawInFlight || st == lab.KeyInFlight
-		if sawInFlight && st == lab.KeyAbsent {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("key %s: in flight seen %v, state %s; want the claim visible, then its lease over", key, sawInFlight, st)
-		}
+	// The claim is committed (visible while the work runs), then its lease
+	// ends: the paused worker renews nothing.
+	claimedToken := signals.WaitClaimed(t)
+	if k, err := s.Lookup(ctx, owner.Scope); err != nil || k.State != lab.KeyInFlight {
+		t.Fatalf("key %s once claimed: %+v (%v); want it in flight", key, k, err)
+	}
+	clock.Advance(300 * time.Millisecond)
+	if k, err := s.Lookup(ctx, owner.Scope); err != nil || k.State != lab.KeyAbsent {
+		t.Fatalf("key %s after its lease: %+v (%v); want it free to take over", key, k, err)
 	}
 	op, err := s.Operation(ctx, owner.Scope)
-	if err != nil || op.Token < 1 || op.State != lab.KeyInFlight {
-		t.Fatalf("the paused worker's operation %+v (%v): want its token, in flight", op, err)
+	if err != nil || op.Token != claimedToken || op.State != lab.KeyInFlight {
+		t.Fatalf("the paused worker's operation %+v (%v): want its token %d, in flight", op, err, claimedToken)
 	}
 	staleToken := op.Token
 	retry := attempt(key, lab.Faults{})
@@ -118,9 +116,10 @@ func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
 // TestLongWorkAnswers202: while the owner works under a live lease a twin
 // gets the operation (202), and once done the final response.
 func TestLongWorkAnswers202(t *testing.T) {
-	s, _ := setup(t)
+	s, _ := setup(t, time.Now)
+	signals := lease.ArmSignals(s)
 	ctx := t.Context()
-	owner := attempt("k-long", lab.Faults{Point: lab.FaultSlow, Work: 600 * time.Millisecond})
+	owner := attempt("k-long", lab.Faults{Point: lab.FaultSlow, Work: time.Second})
 	done := make(chan lab.Outcome, 1)
 	go func() {
 		out, err := s.Charge(context.WithoutCancel(ctx), owner)
@@ -129,25 +128,12 @@ func TestLongWorkAnswers202(t *testing.T) {
 		}
 		done <- out
 	}()
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if k, _ := s.Lookup(ctx, owner.Scope); k.State == lab.KeyInFlight {
-			break // the owner's claim is committed
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the owner never claimed")
-		}
+	signals.WaitClaimed(t) // the owner's claim is committed; its work takes a second
+	twin, err := s.Charge(ctx, attempt("k-long", lab.Faults{}))
+	if err != nil || twin.Pending == nil {
+		t.Fatalf("a twin during the work got %+v (%v); want 202 with the operation", twin, err)
 	}
-	var pending *lab.Operation
-	for deadline := time.Now().Add(5 * time.Second); pending == nil; {
-		out, err := s.Charge(ctx, attempt("k-long", lab.Faults{}))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pending = out.Pending
-		if pending == nil && time.Now().After(deadline) {
-			t.Fatalf("a twin during the work got %+v; want 202 with the operation", out)
-		}
-	}
+	pending := twin.Pending
 	if pending.Token < 1 || pending.State != lab.KeyInFlight || !pending.LeaseExpires.After(time.Now()) {
 		t.Fatalf("pending operation %+v: want a token, in flight with a live lease", pending)
 	}
@@ -169,12 +155,22 @@ func TestLongWorkAnswers202(t *testing.T) {
 // An outside lock on the row orders the two waiters, and PostgreSQL's own
 // lock table says when each is waiting.
 func TestTakeOverLosesToACompletion(t *testing.T) {
-	s, pool := setup(t)
+	clock := labtest.NewClock(time.Now())
+	s, pool := setup(t, clock.Now)
+	signals := lease.ArmSignals(s)
 	ctx := t.Context()
 	const key = "k-completed-meanwhile"
-	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: 400 * time.Millisecond, ClaimTTL: 100 * time.Millisecond})
+	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: time.Second, ClaimTTL: 100 * time.Millisecond})
 	done := make(chan error, 1)
 	go func() { _, err := s.Charge(ctx, owner); done <- err }()
+	signals.WaitClaimed(t)
+	clock.Advance(200 * time.Millisecond) // the holder's lease is over; it wakes a second after its claim
+	if op, err := s.Operation(ctx, owner.Scope); err != nil || op.State != lab.KeyInFlight || op.LeaseExpires.After(clock.Now()) {
+		t.Fatalf("the holder's operation %+v (%v): want it in flight, its lease over", op, err)
+	}
+	// waitFor must sleep between looks: a session blocked on a row lock is
+	// inside PostgreSQL, where no code of the store runs to signal it; only
+	// PostgreSQL's own lock table can tell, so the test reads it until then.
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
 		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
@@ -183,10 +179,6 @@ func TestTakeOverLosesToACompletion(t *testing.T) {
 			}
 		}
 	}
-	waitFor("the claim, then its lease over", func() bool {
-		op, err := s.Operation(ctx, owner.Scope)
-		return err == nil && op.State == lab.KeyInFlight && !op.LeaseExpires.After(time.Now())
-	})
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

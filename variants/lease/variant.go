@@ -7,6 +7,9 @@ import (
 	"github.com/idempotency-lab/lab/lab/variant"
 )
 
+// Name is the variant's name in the lab.
+const Name lab.StoreName = "lease"
+
 // Variant declares the lease store to the registry.
 func Variant() variant.Variant {
 	return variant.Variant{

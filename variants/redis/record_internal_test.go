@@ -9,12 +9,14 @@ import (
 )
 
 // TestRecordRoundTrip: a completed key's value gives back the fingerprint,
-// status, time and the body byte for byte, '|' and all; a record written as
-// JSON by an earlier version still reads.
+// status, time and the body byte for byte, '|' and all; a record packed by
+// an earlier version reads the same.
 func TestRecordRoundTrip(t *testing.T) {
 	at := time.UnixMilli(1_790_000_000_123).UTC()
 	want := record{Fingerprint: "f1ee", Status: 201, CreatedAt: at, Body: []byte(`{"id":"ch_1","note":"a|b||c"}` + "\n")}
-	for name, v := range map[string]string{"plain": want.value(), "json": mustJSON(t, want)} {
+	for name, v := range map[string]string{
+		"value": want.value(), "json": mustJSON(t, want), "packed": `done|f1ee|201|1790000000123|{"id":"ch_1","note":"a|b||c"}` + "\n",
+	} {
 		d, err := decode(v)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
