@@ -227,6 +227,9 @@ func (w *twin) do(t *testing.T, s step) view {
 			must(err)
 			tally, err := w.books.KeyCharges(ctx, tenant, memory.Name, key)
 			must(err)
+			for i, id := range tally.IDs {
+				tally.IDs[i] = w.named(id)
+			}
 			v.Lookups, v.Tallies = append(v.Lookups, w.namedKeys(k)...), append(v.Tallies, tally)
 		}
 	}
