@@ -108,3 +108,47 @@ func TestHistoryPictureStaysOnTheLab(t *testing.T) {
 		t.Errorf("the pages had problems: %v", p)
 	}
 }
+
+// TestCheckADesignOnThePage runs lab check's suite from the page against
+// two of the lab's own designs: unsafe fails the storm, memory on one
+// replica passes; each case is a row with its verdict.
+func TestCheckADesignOnThePage(t *testing.T) {
+	cfg := app.DefaultConfig()
+	cfg.Variants = variants.Builtin()
+	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
+	a := labtest.Start(t, cfg)
+	ctx, problems := browser(t)
+	step, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#checkStore option").length > 1`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		store, verdict, storm string
+	}{{"unsafe", "fails", "fail"}, {"memory", "passes", "pass"}} {
+		if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void ($("checkOut").innerHTML = "")`),
+			chromedp.SetValue(chromedp.ID("checkStore"), tc.store), chromedp.Click(chromedp.ID("check"))); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.getElementById("checkVerdict") || !!document.querySelector("#checkOut .error")`)); err != nil {
+			t.Fatalf("%s: no check result: %v", tc.store, err)
+		}
+		type shown struct {
+			Verdict string `json:"verdict"`
+			Storm   string `json:"storm"`
+			Rows    int    `json:"rows"`
+		}
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[shown](`({ verdict: document.getElementById("checkVerdict")?.textContent ?? document.querySelector("#checkOut").textContent,
+			storm: document.querySelector('#checkOut tr[data-case="storm"]')?.dataset.verdict ?? "",
+			rows: document.querySelectorAll("#checkOut tbody tr").length })`))
+		if err != nil || !strings.HasPrefix(got.Verdict, tc.verdict) || got.Storm != tc.storm || got.Rows < 10 {
+			t.Errorf("%s: the page shows %+v (%v), want %q with the storm %s", tc.store, got, err, tc.verdict, tc.storm)
+		}
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page had problems: %v", p)
+	}
+}

@@ -144,6 +144,7 @@ func collectAnswers(t *testing.T) map[string]*answer {
 		t.Fatal(err)
 	}
 	keep("keyStateAnswer", get("/idempotency/state?store=memory&key=answers-k1"), http.StatusOK)
+	keep("keyChargesAnswer", get("/charges?store=memory&key=answers-k1"), http.StatusOK)
 	keep("stateAnswer", get("/idempotency/state"), http.StatusOK, "stores.*", "keys.*")
 	outbox := get("/outbox")
 	keep("outboxAnswer", outbox, http.StatusOK, "outbox[]")

@@ -64,6 +64,8 @@ func toProblem(err error) (*problemError, time.Duration) {
 		return p, 0
 	case errors.As(err, &tm):
 		return problem(http.StatusTooManyRequests, "too_many_requests", "Too many requests", tm.Error()), time.Second
+	case errors.Is(err, labsvc.ErrCheckRunning):
+		return problem(http.StatusConflict, "check_running", "Check running", err.Error()), time.Second
 	case errors.Is(err, labsvc.ErrEffectsRunning):
 		return problem(http.StatusConflict, "effects_running", "Effects matrix running", err.Error()), 0
 	case errors.As(err, &ip):

@@ -54,6 +54,8 @@ type Config struct {
 type Books interface {
 	Summary(ctx context.Context, ns lab.Namespace) ([]lab.StoreSummary, error)
 	Balance(ctx context.Context, tenant, account string) (int64, error)
+	// KeyCharges tallies the charges one store made under one tenant's key.
+	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
 	// Requeue puts a namespace's dead or failed outbox event back to
@@ -231,6 +233,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 	get, post, any := []string{http.MethodGet}, []string{http.MethodPost}, []string{http.MethodGet, http.MethodPost}
 	return []route{
 		{post, "/charges", []string{"store"}, s.postCharge},
+		{get, "/charges", []string{"store", "key"}, s.chargesUnderKey},
 		{get, "/", nil, s.index},
 		{get, "/health", nil, s.health},
 		{get, "/ready", nil, s.ready},
@@ -253,6 +256,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 		{post, "/webhooks/provider", nil, s.providerWebhook},
 		{get, "/lab/reconcile", []string{"run"}, s.reconcileCheck},
 		{get, "/lab/effects", []string{"format"}, s.effectsMatrix},
+		{any, "/lab/check", []string{"store", "format"}, s.checkDesign},
 		{get, "/operations/:key", []string{"store"}, s.operation},
 		{post, "/lab/failover", []string{"step"}, s.failover},
 	}
@@ -563,6 +567,7 @@ func (s *Server) index(c echo.Context) error {
 		MaxReplicas:  s.deps.Service.Replicas().MaxReplicas(),
 		Routes: []string{
 			"POST " + base + "/charges?store=" + string(s.cfg.DefaultStore) + " (Idempotency-Key, Authorization: Bearer <token>)",
+			"GET " + base + "/charges?store=" + string(s.cfg.DefaultStore) + "&key= (the ledger's charges under your key)",
 			"GET " + base + "/charge-unsafe?key=order-4711&account=acct-1&attempts=5&amount=2500",
 			"GET " + base + "/charge-idempotent?store=" + string(s.cfg.DefaultStore) + "&key=order-4711&attempts=5&amount=2500&replicas=1&fault=none",
 			"GET " + base + "/idempotency/state?limit=20",
@@ -574,6 +579,7 @@ func (s *Server) index(c echo.Context) error {
 			"GET " + base + "/lab/runs", "GET " + base + "/lab/runs/{run_id}",
 			"GET " + base + "/lab/runs/{run_id}/history", "GET " + base + "/lab/runs/{run_id}/history.html",
 			"GET " + base + "/lab/effects?format=json|markdown|table",
+			"GET " + base + "/lab/check?store=" + string(s.cfg.DefaultStore) + "&format=json|markdown|table",
 			"GET " + base + "/lab/reconcile?run=",
 			"POST " + base + "/webhooks/provider (Provider-Signature)",
 			"GET " + base + "/health", "GET " + base + "/ready", "GET " + base + "/metrics",

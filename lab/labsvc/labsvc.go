@@ -94,8 +94,10 @@ type Service struct {
 	mu   sync.Mutex
 	runs map[lab.Namespace][]experiment.Report // recent runs per namespace, newest last, bounded
 	slow map[lab.Namespace]int                 // slow attempts in flight, per namespace
-	// effects marks the namespaces running the effects matrix here.
-	effects map[lab.Namespace]bool
+	// effects and checking mark the namespaces running the effects matrix,
+	// or checking a design, here.
+	effects  map[lab.Namespace]bool
+	checking map[lab.Namespace]bool
 }
 
 // New returns a replica's use cases.
@@ -103,7 +105,8 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Runner == nil || cfg.Books == nil || cfg.Provider == nil || cfg.Variants == nil || cfg.Replicas == nil {
 		return nil, errors.New("labsvc: runner, books, provider, variants and replicas are required")
 	}
-	return &Service{cfg: cfg, runs: map[lab.Namespace][]experiment.Report{}, slow: map[lab.Namespace]int{}, effects: map[lab.Namespace]bool{}}, nil
+	return &Service{cfg: cfg, runs: map[lab.Namespace][]experiment.Report{}, slow: map[lab.Namespace]int{},
+		effects: map[lab.Namespace]bool{}, checking: map[lab.Namespace]bool{}}, nil
 }
 
 // Replicas are the replicas this service's runs reach.
