@@ -1,4 +1,4 @@
-package variants_test
+package e2e_test
 
 import (
 	"net/http"

@@ -1,4 +1,4 @@
-package variants_test
+package e2e_test
 
 import (
 	"encoding/json"
@@ -26,7 +26,7 @@ type curlCommand struct {
 // readmeWalkthrough reads the curl commands of the README's walkthrough.
 func readmeWalkthrough(t *testing.T) []curlCommand {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package variants_test
+package e2e_test
 
 import (
 	"bufio"
@@ -467,7 +467,7 @@ func TestEffectsMatrix(t *testing.T) {
 	if err := m.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}

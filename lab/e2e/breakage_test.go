@@ -1,4 +1,4 @@
-package variants_test
+package e2e_test
 
 import (
 	"encoding/json"
@@ -263,7 +263,7 @@ func TestMatrix(t *testing.T) {
 // the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown -write`).
 func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 	t.Helper()
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
