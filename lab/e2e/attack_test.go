@@ -85,13 +85,6 @@ type (
 	}
 )
 
-func bearer(token string) http.Header {
-	if token == "" {
-		return nil
-	}
-	return http.Header{"Authorization": {"Bearer " + token}}
-}
-
 // joinLab admits a new attendee with the join code.
 func joinLab(t *testing.T, base, code string) labAttendee {
 	t.Helper()
@@ -106,51 +99,10 @@ func joinLab(t *testing.T, base, code string) labAttendee {
 	return at
 }
 
-// request sends one request on a connection of its own and returns the
-// transport error instead of failing the test, so goroutines may call it
-// and a dropped connection (an injected crash) can be told apart.
-func request(method, url string, header http.Header, body string) (labtest.Reply, error) {
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		return labtest.Reply{}, err
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Do(req)
-	if err != nil {
-		return labtest.Reply{}, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return labtest.Reply{}, err
-	}
-	return labtest.Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
-}
-
-// chargeAs posts a charge as token with extra headers. A dropped connection
-// (an injected crash) is the error.
-func chargeAs(t *testing.T, base string, store lab.StoreName, token, key, body string, extra http.Header) (labtest.Reply, error) {
-	t.Helper()
-	h := http.Header{"Content-Type": {"application/json"}}
-	if token != "" {
-		h.Set("Authorization", "Bearer "+token)
-	}
-	if key != "" {
-		h.Set(lab.KeyHeader, key)
-	}
-	for k, v := range extra {
-		h[k] = v
-	}
-	return request(http.MethodPost, base+"/charges?store="+string(store), h, body)
-}
-
 // freshCharge posts a charge that must be applied now (201, not a replay).
 func freshCharge(t *testing.T, base string, store lab.StoreName, token, key, body string) labtest.Reply {
 	t.Helper()
-	r, err := chargeAs(t, base, store, token, key, body, nil)
+	r, err := labtest.SendCharge(base, store, token, key, body, nil)
 	if err != nil {
 		t.Fatalf("charge %s on %s: %v", key, store, err)
 	}
@@ -181,7 +133,7 @@ func chargeDone(t *testing.T, base string, store lab.StoreName, token, key strin
 // Idempotent-Replayed: true.
 func (d doneCharge) replays(t *testing.T, base string) {
 	t.Helper()
-	r, err := chargeAs(t, base, d.store, d.token, d.key, body2500, nil)
+	r, err := labtest.SendCharge(base, d.store, d.token, d.key, body2500, nil)
 	if err != nil {
 		t.Errorf("replay of %s on %s: %v", d.key, d.store, err)
 		return
@@ -192,56 +144,19 @@ func (d doneCharge) replays(t *testing.T, base string) {
 	}
 }
 
-// wantProblem checks an error answer: its status, problem+json, its code
-// and, when given, the parameter it names.
-func wantProblem(t *testing.T, what string, r labtest.Reply, status int, code, param string) {
-	t.Helper()
-	if r.Status != status || r.Header.Get("Content-Type") != "application/problem+json" {
-		t.Errorf("%s: %d %s %s, want %d problem+json", what, r.Status, r.Header.Get("Content-Type"), r.Body, status)
-		return
-	}
-	p := labtest.Decode[lab.Problem](t, r)
-	if p.Code != code || p.Status != status || param != "" && p.Param != param {
-		t.Errorf("%s: problem %+v, want code %s naming %q", what, p, code, param)
-	}
-}
-
-// getAs GETs url with token ("" for none) and decodes the 200 answer.
-func getAs[T any](t *testing.T, url, token string) T {
-	t.Helper()
-	r := labtest.Do(t, http.MethodGet, url, bearer(token), "")
-	if r.Status != http.StatusOK {
-		t.Fatalf("GET %s: %d %s", url, r.Status, r.Body)
-	}
-	return labtest.Decode[T](t, r)
-}
-
 func stateAs(t *testing.T, base, token string) nsState {
 	t.Helper()
-	return getAs[nsState](t, base+"/idempotency/state?limit=200", token)
+	return labtest.Get[nsState](t, base+"/idempotency/state?limit=200", token)
 }
 
 func keyStateAs(t *testing.T, base, token string, store lab.StoreName, key string) string {
 	t.Helper()
-	return getAs[keyLookup](t, base+"/idempotency/state?store="+string(store)+"&key="+key, token).KeyState
-}
-
-// eventually polls cond until it holds (bounded): a test waits for the lab
-// to reach a state, never for a fixed time.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never happened", what)
-		}
-		_ = lab.Sleep(t.Context(), 10*time.Millisecond)
-	}
+	return labtest.Get[keyLookup](t, base+"/idempotency/state?store="+string(store)+"&key="+key, token).KeyState
 }
 
 func waitKeyState(t *testing.T, base, token string, store lab.StoreName, key, want string) {
 	t.Helper()
-	eventually(t, key+" becoming "+want, func() bool { return keyStateAs(t, base, token, store, key) == want })
+	labtest.Eventually(t, key+" becoming "+want, func() bool { return keyStateAs(t, base, token, store, key) == want })
 }
 
 // ledgerOf is the ledger's summary of a namespace ("" for all of them).
@@ -378,7 +293,7 @@ func snapshotOf(t *testing.T, a *app.App, at labAttendee) nsSnapshot {
 	for name, v := range st.Stores {
 		s.keys[name] = v.Total
 	}
-	for _, r := range getAs[nsSummary](t, a.URL()+"/diagnostics/summary", at.Token).RecentRuns {
+	for _, r := range labtest.Get[nsSummary](t, a.URL()+"/diagnostics/summary", at.Token).RecentRuns {
 		s.runs = append(s.runs, r.RunID)
 	}
 	return s
@@ -430,12 +345,12 @@ func attackNamespaces(t *testing.T) {
 		pubDone = append(pubDone, chargeDone(t, base, store, pub.Token, "pub-done-"+string(store)))
 	}
 	for i, at := range []labAttendee{A, A, B} {
-		r := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-idempotent?store=postgres&attempts=3&key=run-%d", base, i), bearer(at.Token), "")
+		r := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-idempotent?store=postgres&attempts=3&key=run-%d", base, i), labtest.Bearer(at.Token), "")
 		if rep := labtest.Decode[experiment.Report](t, r); r.Status != http.StatusOK || rep.Tenant != at.Tenant {
 			t.Fatalf("run as %s: %d %s", at.Tenant, r.Status, r.Body)
 		}
 	}
-	getRun(t, base+"/charge-idempotent?attempts=3&key=pub-run") // the public namespace's
+	labtest.Get[experiment.Report](t, base+"/charge-idempotent?attempts=3&key=pub-run", "") // the public namespace's
 
 	t.Run("F01_AnonymousStoreRestartActsInThePublicNamespaceOnly", func(t *testing.T) {
 		aBefore, bBefore := ledgerOf(t, a, A.Namespace), ledgerOf(t, a, B.Namespace)
@@ -444,19 +359,19 @@ func attackNamespaces(t *testing.T) {
 		inflight := make(chan sent, 2)
 		for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 			go func() {
-				r, err := chargeAs(t, base, store, A.Token, "a-f01-inflight", body2500, slowFault(3000))
+				r, err := labtest.SendCharge(base, store, A.Token, "a-f01-inflight", body2500, slowFault(3000))
 				inflight <- sent{r, err}
 			}()
 		}
 		waitKeyState(t, base, A.Token, memory.Name, "a-f01-inflight", lab.KeyInFlight)
 		var aSession int32 // the PostgreSQL session of A's charge in flight
-		eventually(t, "A's postgres charge claiming its key", func() bool {
+		labtest.Eventually(t, "A's postgres charge claiming its key", func() bool {
 			return pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE relation = to_regclass($1) AND mode = 'RowExclusiveLock' AND granted LIMIT 1`,
 				cfg.PGSchema+".idempotency_requests").Scan(&aSession) == nil
 		})
 		for _, store := range []lab.StoreName{postgres.Name, memory.Name, redis.Name} {
 			key := "x-" + string(store)
-			rep := getRun(t, base+"/charge-idempotent?store="+string(store)+"&fault=store_restart&key="+key)
+			rep := labtest.Get[experiment.Report](t, base+"/charge-idempotent?store="+string(store)+"&fault=store_restart&key="+key, "")
 			want := 2 // memory and redis forget the public namespace's key: the lesson
 			if store == postgres.Name {
 				want = 1
@@ -473,7 +388,7 @@ func attackNamespaces(t *testing.T) {
 		if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || got.Namespace != string(pub.Namespace) {
 			t.Errorf("anonymous restart: %d %s", r.Status, r.Body)
 		}
-		wantProblem(t, "anonymous restart of every namespace", labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=memory&all=true", nil, ""),
+		labtest.WantProblem(t, "anonymous restart of every namespace", labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=memory&all=true", nil, ""),
 			http.StatusUnauthorized, "admin_token_required", "")
 		r = labtest.Do(t, http.MethodGet, base+"/lab/matrix", nil, "")
 		if m := labtest.Decode[experiment.Matrix](t, r); r.Status != http.StatusOK || len(m.Rows) == 0 {
@@ -525,8 +440,8 @@ func attackNamespaces(t *testing.T) {
 			{http.MethodGet, "/charge-idempotent?store=memory&scenario=tenants&other_tenant=globex&" + victim, "", "other_tenant"},
 			{http.MethodGet, "/charge-idempotent?store=redis&other_tenant=" + A.Tenant + "&" + victim, B.Token, "other_tenant"},
 		} {
-			r := labtest.Do(t, tc.method, base+tc.path, bearer(tc.token), "")
-			wantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
+			r := labtest.Do(t, tc.method, base+tc.path, labtest.Bearer(tc.token), "")
+			labtest.WantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
 		}
 		for ns, want := range before {
 			sameLedger(t, string(ns), ledgerOf(t, a, ns), want)
@@ -544,13 +459,13 @@ func attackNamespaces(t *testing.T) {
 		aBefore, pubBefore := ledgerOf(t, a, A.Namespace), ledgerOf(t, a, pub.Namespace)
 		inflight := make(chan sent, 1)
 		go func() {
-			r, err := chargeAs(t, base, memory.Name, A.Token, "a-f03-inflight", body2500, slowFault(1500))
+			r, err := labtest.SendCharge(base, memory.Name, A.Token, "a-f03-inflight", body2500, slowFault(1500))
 			inflight <- sent{r, err}
 		}()
 		waitKeyState(t, base, A.Token, memory.Name, "a-f03-inflight", lab.KeyInFlight)
 		for _, fault := range []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge} {
 			key := "b-crash-" + string(fault)
-			if r, err := chargeAs(t, base, memory.Name, B.Token, key, body2500, http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
+			if r, err := labtest.SendCharge(base, memory.Name, B.Token, key, body2500, http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
 				t.Errorf("B's %s: answered %d %s, want a dropped connection", fault, r.Status, r.Body)
 			}
 		}
@@ -581,7 +496,7 @@ func attackNamespaces(t *testing.T) {
 		const n = 22
 		budget := pgdb.BudgetFor(cfg.PGPoolSize).SlowPerNamespace // held across slow work
 		results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-f04-pg", n, slowFault(3000)))
-		eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= budget })
+		labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= budget })
 		for i := range 3 {
 			freshCharge(t, base, postgres.Name, A.Token, fmt.Sprintf("a-f04-pg-%d", i), body2500)
 		}
@@ -601,7 +516,7 @@ func attackNamespaces(t *testing.T) {
 				if s.reply.Header.Get("Retry-After") == "" {
 					t.Errorf("B's refused charge %d has no Retry-After", i)
 				}
-				wantProblem(t, fmt.Sprintf("B's charge %d beyond its budget", i), s.reply, http.StatusServiceUnavailable, "store_unavailable", "")
+				labtest.WantProblem(t, fmt.Sprintf("B's charge %d beyond its budget", i), s.reply, http.StatusServiceUnavailable, "store_unavailable", "")
 			}
 		}
 		charged := 0
@@ -624,7 +539,7 @@ func attackNamespaces(t *testing.T) {
 
 		// B's slow attempts in flight are capped per namespace: the 65th is a 429.
 		results = flood(t, chargeRequests(t, base, memory.Name, B.Token, "b-f04-mem", 64, slowFault(4000)))
-		eventually(t, "B's 64 slow attempts in flight", func() bool {
+		labtest.Eventually(t, "B's 64 slow attempts in flight", func() bool {
 			inFlight := 0
 			for _, k := range stateAs(t, base, B.Token).Stores[memory.Name].Keys {
 				if k.State == lab.KeyInFlight {
@@ -633,15 +548,15 @@ func attackNamespaces(t *testing.T) {
 			}
 			return inFlight == 64
 		})
-		r, err := chargeAs(t, base, memory.Name, B.Token, "b-f04-mem-64", body2500, slowFault(4000))
+		r, err := labtest.SendCharge(base, memory.Name, B.Token, "b-f04-mem-64", body2500, slowFault(4000))
 		if err != nil {
 			t.Fatal(err)
 		}
-		wantProblem(t, "B's 65th slow attempt", r, http.StatusTooManyRequests, "too_many_requests", "")
+		labtest.WantProblem(t, "B's 65th slow attempt", r, http.StatusTooManyRequests, "too_many_requests", "")
 		if r.Header.Get("Retry-After") == "" {
 			t.Error("429 without Retry-After")
 		}
-		if r, err := chargeAs(t, base, memory.Name, A.Token, "a-f04-slow", body2500, slowFault(50)); err != nil || r.Status != http.StatusCreated {
+		if r, err := labtest.SendCharge(base, memory.Name, A.Token, "a-f04-slow", body2500, slowFault(50)); err != nil || r.Status != http.StatusCreated {
 			t.Errorf("A's slow charge while B holds its share: %v %d %s", err, r.Status, r.Body)
 		}
 		freshCharge(t, base, postgres.Name, A.Token, "a-f04-pg-3", body2500)
@@ -688,7 +603,7 @@ func attackNamespaces(t *testing.T) {
 					t.Errorf("%s sees %s's balance %d (present %v), ledger %d", v.name, tenant, got, ok, want)
 				}
 			}
-			sum := getAs[nsSummary](t, base+"/diagnostics/summary", v.token)
+			sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", v.token)
 			if sum.Namespace != string(v.ns) {
 				t.Errorf("%s's summary is of namespace %q", v.name, sum.Namespace)
 			}
@@ -701,7 +616,7 @@ func attackNamespaces(t *testing.T) {
 			if v.name != "globex" && len(sum.RecentRuns) == 0 {
 				t.Errorf("%s sees none of its runs", v.name)
 			}
-			ob := getAs[nsOutbox](t, base+"/outbox?limit=200", v.token)
+			ob := labtest.Get[nsOutbox](t, base+"/outbox?limit=200", v.token)
 			for _, e := range ob.Events {
 				if lab.NamespaceOf(e.Tenant) != v.ns {
 					t.Errorf("%s sees %s's outbox event %s", v.name, e.Tenant, e.ID)
@@ -729,7 +644,7 @@ func attackNamespaces(t *testing.T) {
 		if all.Namespace != "" || !seen[A.Namespace] || !seen[B.Namespace] || !seen[pub.Namespace] {
 			t.Errorf("admin's state (namespace %q) shows namespaces %v", all.Namespace, seen)
 		}
-		sum := getAs[nsSummary](t, base+"/diagnostics/summary", attackAdmin)
+		sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", attackAdmin)
 		sameLedger(t, "admin's summary", sum.Stores, ledgerOf(t, a, ""))
 		runsOf := map[lab.Namespace]bool{}
 		for _, r := range sum.RecentRuns {
@@ -768,8 +683,8 @@ func attackNamespaces(t *testing.T) {
 			{http.MethodGet, "/lab/matrix?format=%ff", "format"},
 		} {
 			for _, token := range []string{"", A.Token} {
-				r := labtest.Do(t, tc.method, base+tc.path, bearer(token), "")
-				wantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
+				r := labtest.Do(t, tc.method, base+tc.path, labtest.Bearer(token), "")
+				labtest.WantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
 			}
 		}
 		sameLedger(t, "every namespace", ledgerOf(t, a, ""), before)
@@ -788,11 +703,11 @@ func attackNamespaces(t *testing.T) {
 		for i, b := range bodies {
 			key := fmt.Sprintf("a-f07-%d", i)
 			for _, store := range stores {
-				r, err := chargeAs(t, base, store, A.Token, key, b.body, nil)
+				r, err := labtest.SendCharge(base, store, A.Token, key, b.body, nil)
 				if err != nil {
 					t.Fatalf("%s on %s: %v", b.name, store, err)
 				}
-				wantProblem(t, fmt.Sprintf("%s (%q) on %s", b.name, b.body, store), r, http.StatusBadRequest, "invalid_parameter", b.param)
+				labtest.WantProblem(t, fmt.Sprintf("%s (%q) on %s", b.name, b.body, store), r, http.StatusBadRequest, "invalid_parameter", b.param)
 			}
 		}
 		sameLedger(t, "A after the malformed bodies", ledgerOf(t, a, A.Namespace), aBefore)
@@ -857,15 +772,15 @@ func attackNamespaces(t *testing.T) {
 			}
 		}
 		// The admin charges nobody.
-		wantProblem(t, "a charge with the admin token", func() labtest.Reply {
-			r, err := chargeAs(t, base, memory.Name, attackAdmin, "admin-charge", body2500, nil)
+		labtest.WantProblem(t, "a charge with the admin token", func() labtest.Reply {
+			r, err := labtest.SendCharge(base, memory.Name, attackAdmin, "admin-charge", body2500, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return r
 		}(), http.StatusUnauthorized, "unauthorized", "")
 		// As a bearer token, the admin sees everything.
-		if sum := getAs[nsSummary](t, base+"/diagnostics/summary", attackAdmin); sum.Namespace != "" {
+		if sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", attackAdmin); sum.Namespace != "" {
 			t.Errorf("admin's summary is of namespace %q", sum.Namespace)
 		}
 		sameLedger(t, "every namespace", ledgerOf(t, a, ""), before)
@@ -912,7 +827,7 @@ func attackNamespaces(t *testing.T) {
 		// B crashes on every store, at both crash points.
 		for _, store := range keyedStores {
 			for _, fault := range []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge} {
-				if r, err := chargeAs(t, base, store, B.Token, "b-close-"+string(store)+"-"+string(fault), body2500,
+				if r, err := labtest.SendCharge(base, store, B.Token, "b-close-"+string(store)+"-"+string(fault), body2500,
 					http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
 					t.Errorf("B's %s on %s answered %d %s, want a dropped connection", fault, store, r.Status, r.Body)
 				}
@@ -920,13 +835,13 @@ func attackNamespaces(t *testing.T) {
 		}
 		// B restarts every store, by route and by run; every namespace at once is refused.
 		for _, store := range keyedStores {
-			r := labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store="+string(store), bearer(B.Token), "")
+			r := labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store="+string(store), labtest.Bearer(B.Token), "")
 			if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || got.Namespace != string(B.Namespace) {
 				t.Errorf("B's restart of %s: %d %s", store, r.Status, r.Body)
 			}
-			wantProblem(t, "B's restart of every namespace", labtest.Do(t, http.MethodPost,
-				base+"/lab/restart-store?all=true&store="+string(store), bearer(B.Token), ""), http.StatusUnauthorized, "admin_token_required", "")
-			r = labtest.Do(t, http.MethodGet, base+"/charge-idempotent?fault=store_restart&attempts=3&store="+string(store)+"&key=b-close-restart", bearer(B.Token), "")
+			labtest.WantProblem(t, "B's restart of every namespace", labtest.Do(t, http.MethodPost,
+				base+"/lab/restart-store?all=true&store="+string(store), labtest.Bearer(B.Token), ""), http.StatusUnauthorized, "admin_token_required", "")
+			r = labtest.Do(t, http.MethodGet, base+"/charge-idempotent?fault=store_restart&attempts=3&store="+string(store)+"&key=b-close-restart", labtest.Bearer(B.Token), "")
 			if rep := labtest.Decode[experiment.Report](t, r); r.Status != http.StatusOK || rep.Tenant != B.Tenant {
 				t.Errorf("B's store_restart run on %s: %d %.300s", store, r.Status, r.Body)
 			}
@@ -935,7 +850,7 @@ func attackNamespaces(t *testing.T) {
 
 		// B floods the postgres store with slow charges; A keeps charging meanwhile.
 		results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-close-slow", 22, slowFault(3000)))
-		eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= 2 })
+		labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= 2 })
 		for range 3 {
 			aCharge()
 		}
@@ -947,7 +862,7 @@ func attackNamespaces(t *testing.T) {
 		check(t, "B's slow flood", aCharges)
 
 		// B runs the matrix in its namespace.
-		r := labtest.Do(t, http.MethodGet, base+"/lab/matrix", bearer(B.Token), "")
+		r := labtest.Do(t, http.MethodGet, base+"/lab/matrix", labtest.Bearer(B.Token), "")
 		if m := labtest.Decode[experiment.Matrix](t, r); r.Status != http.StatusOK || len(m.Rows) == 0 {
 			t.Fatalf("B's matrix: %d %.300s", r.Status, r.Body)
 		}
@@ -955,7 +870,7 @@ func attackNamespaces(t *testing.T) {
 
 		// B fires more runs than the lab keeps in its history.
 		for i := range 101 {
-			r := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-unsafe?attempts=1&key=b-close-run-%d", base, i), bearer(B.Token), "")
+			r := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-unsafe?attempts=1&key=b-close-run-%d", base, i), labtest.Bearer(B.Token), "")
 			if r.Status != http.StatusOK {
 				t.Fatalf("B's run %d: %d %s", i, r.Status, r.Body)
 			}
@@ -963,9 +878,9 @@ func attackNamespaces(t *testing.T) {
 		check(t, "B's 101 runs", aCharges)
 
 		// B resets its namespace; every namespace at once is refused.
-		wantProblem(t, "B's reset of every namespace", labtest.Do(t, http.MethodPost, base+"/reset-lab?all=true", bearer(B.Token), ""),
+		labtest.WantProblem(t, "B's reset of every namespace", labtest.Do(t, http.MethodPost, base+"/reset-lab?all=true", labtest.Bearer(B.Token), ""),
 			http.StatusUnauthorized, "admin_token_required", "")
-		r = labtest.Do(t, http.MethodPost, base+"/reset-lab", bearer(B.Token), "")
+		r = labtest.Do(t, http.MethodPost, base+"/reset-lab", labtest.Bearer(B.Token), "")
 		if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || !got.Reset || got.Namespace != string(B.Namespace) {
 			t.Fatalf("B's reset: %d %s", r.Status, r.Body)
 		}
@@ -1074,7 +989,7 @@ func attackSlowClients(t *testing.T) {
 	var conns []open
 	for _, s := range shapes {
 		for range 16 {
-			conns = append(conns, open{s.name, trickle(t, addr, s.head, s.drip, 5*time.Second)})
+			conns = append(conns, open{s.name, labtest.SlowClient(t, addr, s.head, s.drip, 5*time.Second)})
 		}
 	}
 	// Normal requests work while the slow clients hold their connections.
@@ -1115,49 +1030,6 @@ func attackSlowClients(t *testing.T) {
 	}
 }
 
-// trickle opens a connection, sends head, then one byte of drip every 50 ms,
-// and reports whether the server closed the connection within limit.
-func trickle(t *testing.T, addr, head, drip string, limit time.Duration) <-chan bool {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(conn, head); err != nil {
-		t.Fatal(err)
-	}
-	out := make(chan bool, 1)
-	go func() {
-		defer conn.Close()
-		closed := make(chan struct{})
-		go func() {
-			_, _ = io.Copy(io.Discard, conn) // returns when the server closes
-			close(closed)
-		}()
-		deadline := time.NewTimer(limit)
-		defer deadline.Stop()
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-closed:
-				out <- true
-				return
-			case <-deadline.C:
-				out <- false
-				conn.Close()
-				<-closed
-				return
-			case <-tick.C:
-				if drip != "" {
-					_, _ = conn.Write([]byte{drip[i%len(drip)]})
-				}
-			}
-		}
-	}()
-	return out
-}
-
 // attackManyKeys (finding 10): with 20,000 memory keys in B's namespace,
 // A's /idempotency/state answers A's keys and A's charges succeed, while
 // the admin lists every namespace over and over. No timing is asserted.
@@ -1179,7 +1051,7 @@ func attackManyKeys(t *testing.T) {
 				return
 			default:
 			}
-			if r, err := request(http.MethodGet, base+"/idempotency/state?store=memory&limit=200", bearer(attackAdmin), ""); err != nil || r.Status != http.StatusOK {
+			if r, err := labtest.Send(http.MethodGet, base+"/idempotency/state?store=memory&limit=200", labtest.Bearer(attackAdmin), ""); err != nil || r.Status != http.StatusOK {
 				t.Errorf("admin's state: %v %d", err, r.Status)
 				return
 			}
@@ -1187,7 +1059,7 @@ func attackManyKeys(t *testing.T) {
 	})
 	for i := range 5 {
 		freshCharge(t, base, memory.Name, A.Token, fmt.Sprintf("a-f10-%d", i), body2500)
-		st := getAs[nsState](t, base+"/idempotency/state?store=memory&limit=200", A.Token)
+		st := labtest.Get[nsState](t, base+"/idempotency/state?store=memory&limit=200", A.Token)
 		mem := st.Stores[memory.Name]
 		if mem.Total != i+1 || len(mem.Keys) != i+1 || mem.Keys[0].Key != fmt.Sprintf("a-f10-%d", i) || mem.Keys[0].Tenant != A.Tenant {
 			t.Errorf("A's state after %d charges: total %d, keys %+v", i+1, mem.Total, mem.Keys)
@@ -1195,10 +1067,10 @@ func attackManyKeys(t *testing.T) {
 	}
 	close(stop)
 	lister.Wait()
-	if st := getAs[nsState](t, base+"/idempotency/state?store=memory&limit=1", B.Token); st.Stores[memory.Name].Total != conns*per {
+	if st := labtest.Get[nsState](t, base+"/idempotency/state?store=memory&limit=1", B.Token); st.Stores[memory.Name].Total != conns*per {
 		t.Errorf("B's state counts %d keys", st.Stores[memory.Name].Total)
 	}
-	if st := getAs[nsState](t, base+"/idempotency/state?store=memory&limit=200", attackAdmin); st.Stores[memory.Name].Total != conns*per+5 ||
+	if st := labtest.Get[nsState](t, base+"/idempotency/state?store=memory&limit=200", attackAdmin); st.Stores[memory.Name].Total != conns*per+5 ||
 		len(st.Stores[memory.Name].Keys) != 200 {
 		t.Errorf("admin's state counts %d keys, lists %d", st.Stores[memory.Name].Total, len(st.Stores[memory.Name].Keys))
 	}
@@ -1280,13 +1152,13 @@ func attackLostConnections(t *testing.T) {
 		}
 	}
 	restartAll := func() labtest.Reply {
-		return labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=postgres&all=true", bearer(attackAdmin), "")
+		return labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=postgres&all=true", labtest.Bearer(attackAdmin), "")
 	}
 
 	// The admin's restart between runs, and beside slow runs.
 	for i, store := range []lab.StoreName{postgres.Name, memory.Name, redis.Name, unsafestore.Name, postgres.Name} {
 		notBare500("admin restart", restartAll())
-		run := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-idempotent?store=%s&attempts=3&key=f11-after-%d", base, store, i), bearer(A.Token), "")
+		run := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-idempotent?store=%s&attempts=3&key=f11-after-%d", base, store, i), labtest.Bearer(A.Token), "")
 		if store == unsafestore.Name {
 			run = labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-unsafe?attempts=3&key=f11-after-%d", base, i), nil, "")
 		}
@@ -1295,7 +1167,7 @@ func attackLostConnections(t *testing.T) {
 	beside := make(chan sent, 2)
 	for _, store := range []lab.StoreName{postgres.Name, memory.Name} {
 		go func() {
-			r, err := request(http.MethodGet, base+"/charge-idempotent?fault=slow&work_ms=400&attempts=4&store="+string(store)+
+			r, err := labtest.Send(http.MethodGet, base+"/charge-idempotent?fault=slow&work_ms=400&attempts=4&store="+string(store)+
 				"&key=f11-beside-"+string(store), nil, "")
 			beside <- sent{r, err}
 		}()
@@ -1326,7 +1198,7 @@ func attackLostConnections(t *testing.T) {
 		if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid`, pids); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the lab's sessions ending", func() bool {
+		labtest.Eventually(t, "the lab's sessions ending", func() bool {
 			var n int
 			if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, pids).Scan(&n); err != nil {
 				t.Fatal(err)
@@ -1341,7 +1213,7 @@ func attackLostConnections(t *testing.T) {
 	// key, as Retry-After tells it to, while the pools shed dead connections.
 	var last labtest.Reply
 	for range 10 {
-		r, err := chargeAs(t, base, postgres.Name, A.Token, "a-f11-last", body2500, nil)
+		r, err := labtest.SendCharge(base, postgres.Name, A.Token, "a-f11-last", body2500, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1364,11 +1236,11 @@ func labApplicationName(t *testing.T, base, token string, pool *pgxpool.Pool, sc
 	t.Helper()
 	done := make(chan sent, 1)
 	go func() {
-		r, err := chargeAs(t, base, postgres.Name, token, "find-sessions", body2500, slowFault(800))
+		r, err := labtest.SendCharge(base, postgres.Name, token, "find-sessions", body2500, slowFault(800))
 		done <- sent{r, err}
 	}()
 	var name string
-	eventually(t, "a claim in the lab's schema", func() bool {
+	labtest.Eventually(t, "a claim in the lab's schema", func() bool {
 		err := pool.QueryRow(context.Background(), `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.relation = to_regclass($1) AND l.granted LIMIT 1`, schema+".idempotency_requests").Scan(&name)
 		return err == nil && name != ""

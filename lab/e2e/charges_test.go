@@ -303,7 +303,7 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 			}
 			clock.Advance(2 * time.Second) // memory and postgres expire keys by the lab's clock
 			if store == redis.Name {
-				waitForKey(t, a.URL(), store, "k-window", lab.KeyAbsent) // Redis by its own TTL
+				waitKeyState(t, a.URL(), labtest.Acme, store, "k-window", lab.KeyAbsent) // Redis by its own TTL
 			}
 			late := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
 			if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(late.Body, first.Body) {
@@ -319,11 +319,11 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 func TestLabRoutes(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig())
-	unsafeRun := getRun(t, a.URL()+"/charge-unsafe?attempts=5")
+	unsafeRun := labtest.Get[experiment.Report](t, a.URL()+"/charge-unsafe?attempts=5", "")
 	if unsafeRun.ChargesApplied != 5 || unsafeRun.OverchargedCents != 10000 || unsafeRun.Verdict != lab.Breaks {
 		t.Fatalf("unsafe run: %+v", unsafeRun)
 	}
-	idem := getRun(t, a.URL()+"/charge-idempotent?attempts=5")
+	idem := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=5", "")
 	if idem.ChargesApplied != 1 || idem.DuplicatesPrevented != 4 || idem.Verdict != lab.Holds {
 		t.Fatalf("idempotent run: %+v", idem)
 	}
@@ -331,7 +331,7 @@ func TestLabRoutes(t *testing.T) {
 		t.Fatalf("idempotent run's figures: expected %d, run charged %d, account %d / %d",
 			idem.ExpectedCharges, idem.RunChargedCents, idem.AccountBalanceCents, idem.BalanceCents)
 	}
-	again := getRun(t, a.URL()+"/charge-idempotent?attempts=5")
+	again := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=5", "")
 	if again.ChargesApplied != 0 || again.IdempotencyHits != 5 || again.Verdict != lab.Holds {
 		t.Fatalf("repeated run: %+v", again)
 	}
@@ -371,7 +371,7 @@ func TestLabRoutes(t *testing.T) {
 	if s, _ := a.Books().Summary(context.Background(), ""); len(s) != 0 {
 		t.Fatalf("reset left charges: %+v", s)
 	}
-	if fresh := getRun(t, a.URL()+"/charge-idempotent?attempts=5"); fresh.ChargesApplied != 1 {
+	if fresh := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=5", ""); fresh.ChargesApplied != 1 {
 		t.Fatalf("after reset: %+v", fresh)
 	}
 }
@@ -412,7 +412,7 @@ func TestResetNeedsAdminToken(t *testing.T) {
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/restart-store?store=memory&all=true", nil, ""); r.Status != http.StatusUnauthorized {
 		t.Fatalf("restart of every namespace without the admin token: %d", r.Status)
 	}
-	if rep := getRun(t, a.URL()+"/charge-idempotent?fault=store_restart&attempts=3&key=k-admin"); rep.Verdict != lab.Breaks || rep.KeyCharges != 2 {
+	if rep := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?fault=store_restart&attempts=3&key=k-admin", ""); rep.Verdict != lab.Breaks || rep.KeyCharges != 2 {
 		t.Fatalf("store_restart run on a lab with an admin token: %+v", rep)
 	}
 }
@@ -423,7 +423,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 	if !strings.HasSuffix(a.URL(), "/16") {
 		t.Fatalf("URL %s", a.URL())
 	}
-	getRun(t, a.URL()+"/charge-idempotent?attempts=3")
+	labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=3", "")
 	r := labtest.Do(t, http.MethodGet, a.URL()+"/metrics", nil, "")
 	for _, series := range []string{
 		`lab_idempotency_claims_total{store="memory"} 1`, `lab_idempotency_replays_total{store="memory"}`,
@@ -449,18 +449,11 @@ func TestBasePathAndMetrics(t *testing.T) {
 func TestOutboxIsDelivered(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig())
-	getRun(t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		ob := labtest.Decode[outboxReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/outbox", nil, ""))
-		if ob.Delivered == 1 && ob.Pending == 0 && ob.Receipts == 1 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("outbox not delivered: %+v", ob)
-		}
-		_ = lab.Sleep(t.Context(), 50*time.Millisecond) // the relay polls; so does this test, bounded
-	}
+	labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox", "")
+	labtest.Eventually(t, "the outbox delivered, one receipt", func() bool {
+		ob := labtest.Get[outboxReply](t, a.URL()+"/outbox", "")
+		return ob.Delivered == 1 && ob.Pending == 0 && ob.Receipts == 1
+	})
 }
 
 // TestSummaryCountsOperations: the summary's duplicates are charges beyond
@@ -476,7 +469,7 @@ func TestSummaryCountsOperations(t *testing.T) {
 					t.Fatalf("keyless charge: %d %s", r.Status, r.Body)
 				}
 			}
-			getRun(t, a.URL()+"/charge-unsafe?attempts=3&key=k-sum&amount=700")
+			labtest.Get[experiment.Report](t, a.URL()+"/charge-unsafe?attempts=3&key=k-sum&amount=700", "")
 			sum := labtest.Decode[summaryReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/diagnostics/summary", nil, ""))
 			if len(sum.Stores) != 1 {
 				t.Fatalf("summary: %+v", sum)
@@ -505,13 +498,3 @@ type (
 		Receipts int `json:"receipts"`
 	}
 )
-
-// getRun fires a lab run by URL and decodes its report.
-func getRun(t *testing.T, url string) experiment.Report {
-	t.Helper()
-	r := labtest.Do(t, http.MethodGet, url, nil, "")
-	if r.Status != http.StatusOK {
-		t.Fatalf("%s: %d %s", url, r.Status, r.Body)
-	}
-	return labtest.Decode[experiment.Report](t, r)
-}

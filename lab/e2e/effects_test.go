@@ -65,24 +65,19 @@ func chargeMany(t *testing.T, base string, store lab.StoreName, run string, n in
 // has nothing pending (every webhook in), and returns the reconciliation.
 func settle(t *testing.T, a *app.App, run string) reconciliation {
 	t.Helper()
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	var rec reconciliation
+	labtest.Eventually(t, "the outbox and the reconciliation of "+run+" settled", func() bool {
 		s, err := a.Books().OutboxStats(t.Context(), "acme")
 		if err != nil {
 			t.Fatal(err)
 		}
-		var rec reconciliation
-		if s.Pending == 0 {
-			rec = labtest.Decode[reconciliation](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/reconcile?run="+run, nil, ""))
-			if rec.Pending == 0 {
-				return rec
-			}
+		if s.Pending != 0 {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not settled: outbox %+v, reconciliation %+v", s, rec)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		rec = labtest.Get[reconciliation](t, a.URL()+"/lab/reconcile?run="+run, "")
+		return rec.Pending == 0
+	})
+	return rec
 }
 
 // reconciliation is the part of GET /lab/reconcile these tests read.
@@ -227,16 +222,14 @@ func TestWebhooksDuplicatedReorderedForged(t *testing.T) {
 		`lab_webhooks_total{outcome="bad_signature"}`: charges,
 	}
 	var m map[string]float64
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	labtest.Eventually(t, "every webhook counted", func() bool {
 		m = scrape(t, a.URL())
 		all := true
 		for series, n := range want {
 			all = all && m[series] >= n
 		}
-		if all || time.Now().After(deadline) {
-			break
-		}
-	}
+		return all
+	})
 	for series, n := range want {
 		if m[series] != n {
 			t.Errorf("%s = %v, want %v", series, m[series], n)
@@ -499,18 +492,13 @@ func TestWebhooksOfOneNamespaceDoNotWaitForAnother(t *testing.T) {
 		t.Fatalf("charge: %d %s", r.Status, r.Body)
 	}
 	id := labtest.Decode[lab.Charge](t, r).ID
-	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	labtest.Eventually(t, "acme's charge paid", func() bool {
 		ps, err := a.Books().Payments(t.Context(), "acme", "", 10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ps) == 1 && ps[0].ChargeID == id && ps[0].State == lab.PaymentSucceeded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("acme's charge never paid: %+v", ps)
-		}
-	}
+		return len(ps) == 1 && ps[0].ChargeID == id && ps[0].State == lab.PaymentSucceeded
+	})
 	got, err := a.Provider().Stats(t.Context(), provider.Filter{})
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func TestRedisFailoverLosesTheClaim(t *testing.T) {
 	}
 	// Another namespace can neither take the pair nor end this failover,
 	// and its failover run says why.
-	globex := http.Header{"Authorization": {"Bearer " + labtest.Globex}}
+	globex := labtest.Bearer(labtest.Globex)
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/failover?step=promote", globex, ""); r.Status != http.StatusConflict {
 		t.Fatalf("another namespace's promote: %d %s", r.Status, r.Body)
 	}

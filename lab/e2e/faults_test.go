@@ -2,7 +2,6 @@ package e2e_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -14,26 +13,16 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
 )
 
-// postWithFault sends a charge carrying a Lab-Fault header and returns the
-// transport error when the server dropped the connection.
-func postWithFault(t *testing.T, base string, store lab.StoreName, key, fault string) (*http.Response, error) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, base+"/charges?store="+string(store), strings.NewReader(body2500))
-	req.Header.Set("Authorization", "Bearer "+labtest.Acme)
-	req.Header.Set("Idempotency-Key", key)
-	req.Header.Set(lab.FaultHeader, fault)
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	resp, err := client.Do(req)
-	if err == nil {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	return resp, err
+// postWithFault sends a charge as acme carrying a Lab-Fault header, on a
+// connection of its own: a dropped connection is the error.
+func postWithFault(base string, store lab.StoreName, key, fault string) (labtest.Reply, error) {
+	return labtest.SendCharge(base, store, labtest.Acme, key, body2500, http.Header{lab.FaultHeader: {fault}})
 }
 
 func TestLostResponseAfterCommitReplays(t *testing.T) {
@@ -46,7 +35,7 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 	}
 	defer pool.Close()
 	a := labtest.Start(t, cfg)
-	_, err = postWithFault(t, a.URL(), postgres.Name, "k-lost", string(lab.FaultCrashAfterCharge))
+	_, err = postWithFault(a.URL(), postgres.Name, "k-lost", string(lab.FaultCrashAfterCharge))
 	if err == nil || !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "EOF") {
 		t.Fatalf("want a dropped connection, got %v", err)
 	}
@@ -81,8 +70,8 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	resp, err := postWithFault(t, a.URL(), memory.Name, "k-f", string(lab.FaultCrashAfterCharge))
-	if err != nil || resp.StatusCode != http.StatusBadRequest {
+	resp, err := postWithFault(a.URL(), memory.Name, "k-f", string(lab.FaultCrashAfterCharge))
+	if err != nil || resp.Status != http.StatusBadRequest {
 		t.Fatalf("fault header with faults off: %v %v", resp, err)
 	}
 	if r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?fault=slow", nil, ""); r.Status != http.StatusForbidden || labtest.Decode[lab.Problem](t, r).Code != "faults_disabled" {
@@ -92,14 +81,14 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 		t.Fatalf("a refused fault charged %d times", n)
 	}
 	// Plain runs do not need faults.
-	if rep := getRun(t, a.URL()+"/charge-idempotent?attempts=3&key=k-plain"); rep.Verdict != lab.Holds || rep.ChargesApplied != 1 {
+	if rep := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=3&key=k-plain", ""); rep.Verdict != lab.Holds || rep.ChargesApplied != 1 {
 		t.Fatalf("plain run with faults off: %+v", rep)
 	}
-	if rep := getRun(t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain"); rep.Verdict != lab.Breaks || rep.ChargesApplied != 3 {
+	if rep := labtest.Get[experiment.Report](t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain", ""); rep.Verdict != lab.Breaks || rep.ChargesApplied != 3 {
 		t.Fatalf("plain unsafe run with faults off: %+v", rep)
 	}
-	resp, err = postWithFault(t, labtest.Start(t, labConfig()).URL(), memory.Name, "k-f", "meteor")
-	if err != nil || resp.StatusCode != http.StatusBadRequest {
+	resp, err = postWithFault(labtest.Start(t, labConfig()).URL(), memory.Name, "k-f", "meteor")
+	if err != nil || resp.Status != http.StatusBadRequest {
 		t.Fatalf("unknown fault: %v %v", resp, err)
 	}
 }
@@ -113,46 +102,25 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	type result struct {
-		resp *http.Response
+		resp labtest.Reply
 		err  error
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := postWithFault(t, a.URL(), memory.Name, "k-shutdown", "slow; work_ms=400")
+		resp, err := postWithFault(a.URL(), memory.Name, "k-shutdown", "slow; work_ms=400")
 		done <- result{resp, err}
 	}()
-	waitForKey(t, a.URL(), memory.Name, "k-shutdown", lab.KeyInFlight) // the charge is in flight
+	waitKeyState(t, a.URL(), labtest.Acme, memory.Name, "k-shutdown", lab.KeyInFlight) // the charge is in flight
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := a.Close(ctx); err != nil {
 		t.Fatalf("close: %v", err)
 	}
 	r := <-done
-	if r.err != nil || r.resp.StatusCode != http.StatusCreated {
+	if r.err != nil || r.resp.Status != http.StatusCreated {
 		t.Fatalf("in-flight charge during shutdown: %v %v", r.resp, r.err)
 	}
 	if n := keyCharges(t, a, "acme", memory.Name, "k-shutdown"); n != 1 {
 		t.Fatalf("ledger holds %d charges, want 1", n)
-	}
-}
-
-// waitForKey polls one key's state until it is want (bounded): a test waits
-// for the lab to reach a state, never for a fixed time.
-func waitForKey(t *testing.T, base string, store lab.StoreName, key, want string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}}
-	for {
-		r := labtest.Do(t, http.MethodGet, base+"/idempotency/state?store="+string(store)+"&key="+key, h, "")
-		var got struct {
-			KeyState string `json:"key_state"`
-		}
-		if err := json.Unmarshal(r.Body, &got); err == nil && got.KeyState == want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("key %s never became %s (last answer %d %s)", key, want, r.Status, r.Body)
-		}
-		_ = lab.Sleep(t.Context(), 5*time.Millisecond)
 	}
 }

@@ -24,38 +24,9 @@ func TestTimeoutsCloseSlowClients(t *testing.T) {
 		c.ReadTimeout, c.IdleTimeout = 400*time.Millisecond, 400*time.Millisecond
 	}))
 	addr := strings.TrimPrefix(a.URL(), "http://")
-	// closedWithin sends head, then trickles drip a byte every 50 ms, and
-	// reports whether the server closed the connection before limit.
 	closedWithin := func(t *testing.T, head, drip string, limit time.Duration) bool {
 		t.Helper()
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := io.WriteString(conn, head); err != nil {
-			t.Fatal(err)
-		}
-		closed := make(chan struct{})
-		go func() {
-			_, _ = io.Copy(io.Discard, conn) // returns when the server closes
-			close(closed)
-		}()
-		deadline := time.After(limit)
-		tick := time.NewTicker(50 * time.Millisecond)
-		defer tick.Stop()
-		for i := 0; ; i++ {
-			select {
-			case <-closed:
-				return true
-			case <-deadline:
-				return false
-			case <-tick.C:
-				if drip != "" {
-					_, _ = conn.Write([]byte{drip[i%len(drip)]})
-				}
-			}
-		}
+		return <-labtest.SlowClient(t, addr, head, drip, limit)
 	}
 	t.Run("Slowloris", func(t *testing.T) {
 		if !closedWithin(t, "POST /charges HTTP/1.1\r\nHost: lab\r\nX-Slow: ", "a", 5*time.Second) {

@@ -640,7 +640,7 @@ func TestHTTPFuzz(t *testing.T) {
 	if got, err := a.Provider().Stats(ctx, provider.Filter{}); err != nil || got.CaptureRequests+got.ReceiptDeliveries != 0 {
 		t.Errorf("provider after the run: %+v %v", got.Stats, err)
 	}
-	if sum := getAs[nsSummary](t, base+"/diagnostics/summary", fuzzAdmin); len(sum.RecentRuns) != 0 {
+	if sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", fuzzAdmin); len(sum.RecentRuns) != 0 {
 		t.Errorf("%d run(s) were fired", len(sum.RecentRuns))
 	}
 	for store, s := range stateAs(t, base, fuzzAdmin).Stores {

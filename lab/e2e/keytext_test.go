@@ -132,7 +132,7 @@ func TestKeyTextOtherRoutes(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, storeConfig(t, postgres.Name))
 	get := func(path string) labtest.Reply {
-		return labtest.Do(t, http.MethodGet, a.URL()+path, http.Header{"Authorization": {"Bearer " + labtest.Acme}}, "")
+		return labtest.Do(t, http.MethodGet, a.URL()+path, labtest.Bearer(labtest.Acme), "")
 	}
 	wantTextRefused(t, get("/charge-idempotent?key=%E2%80%8B"), "key", "U+200B")
 	wantTextRefused(t, get("/charge-idempotent?store=postgres&key=kt-1%C2%A0"), "key", "U+00A0")

@@ -3,7 +3,6 @@ package e2e_test
 import (
 	"net/http"
 	"testing"
-	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
@@ -22,19 +21,15 @@ func TestOldestInFlightGauge(t *testing.T) {
 			series := `lab_oldest_inflight_key_age_seconds{store="` + string(store) + `"}`
 			done := make(chan error, 1)
 			go func() {
-				resp, err := postWithFault(t, a.URL(), store, "k-gauge-"+string(store), "slow; work_ms=1500")
-				if err == nil && resp.StatusCode != http.StatusCreated {
-					err = errStatus(resp.StatusCode)
+				resp, err := postWithFault(a.URL(), store, "k-gauge-"+string(store), "slow; work_ms=1500")
+				if err == nil && resp.Status != http.StatusCreated {
+					err = errStatus(resp.Status)
 				}
 				done <- err
 			}()
-			seen := 0.0
-			for deadline := time.Now().Add(10 * time.Second); seen < 0.3; time.Sleep(20 * time.Millisecond) {
-				seen = scrape(t, a.URL())[series]
-				if time.Now().After(deadline) {
-					t.Fatalf("%s never rose while a charge was in flight (last %v)", series, seen)
-				}
-			}
+			labtest.Eventually(t, series+" rising while a charge is in flight", func() bool {
+				return scrape(t, a.URL())[series] >= 0.3
+			})
 			if err := <-done; err != nil {
 				t.Fatal(err)
 			}

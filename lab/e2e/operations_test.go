@@ -29,15 +29,10 @@ func TestOperationsRoute(t *testing.T) {
 	owner := make(chan labtest.Reply, 1)
 	go func() { owner <- labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", slow, body2500) }()
 	var accepted labtest.Reply
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	labtest.Eventually(t, "the owner's operation committed", func() bool {
 		accepted = labtest.Do(t, http.MethodGet, a.URL()+"/operations/k-op?store=lease", h, "")
-		if accepted.Status == http.StatusOK {
-			break // the owner's claim is committed
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the operation never appeared: %d %s", accepted.Status, accepted.Body)
-		}
-	}
+		return accepted.Status == http.StatusOK
+	})
 	twin := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", h, body2500)
 	if twin.Status != http.StatusAccepted || twin.Header.Get("Location") != "/16/operations/k-op?store=lease" || twin.Header.Get("Retry-After") == "" {
 		t.Fatalf("twin during the work: %d %v %s; want 202 with Location and Retry-After", twin.Status, twin.Header, twin.Body)
@@ -59,7 +54,7 @@ func TestOperationsRoute(t *testing.T) {
 		t.Fatalf("retry after the work: %d %s", again.Status, again.Body)
 	}
 	// Another tenant sees no such operation; a store without operations says so.
-	other := http.Header{"Authorization": {"Bearer " + labtest.Globex}}
+	other := labtest.Bearer(labtest.Globex)
 	if r := labtest.Do(t, http.MethodGet, a.URL()+"/operations/k-op?store=lease", other, ""); r.Status != http.StatusNotFound {
 		t.Fatalf("another tenant's view: %d %s", r.Status, r.Body)
 	}

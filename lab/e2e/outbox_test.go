@@ -50,10 +50,9 @@ func TestDeadEventRetried(t *testing.T) {
 				}
 				return got.ConnectionsDropped
 			}
-			auth := func(token string) http.Header { return http.Header{"Authorization": {"Bearer " + token}} }
 			view := func() outboxView {
 				t.Helper()
-				r := labtest.Do(t, http.MethodGet, base+"/outbox", auth(labtest.Acme), "")
+				r := labtest.Do(t, http.MethodGet, base+"/outbox", labtest.Bearer(labtest.Acme), "")
 				if r.Status != http.StatusOK {
 					t.Fatalf("GET /outbox: %d %s", r.Status, r.Body)
 				}
@@ -61,17 +60,13 @@ func TestDeadEventRetried(t *testing.T) {
 			}
 			waitFor := func(what string, ok func(outboxView) bool) outboxView {
 				t.Helper()
-				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-					if v := view(); ok(v) {
-						return v
-					} else if time.Now().After(deadline) {
-						t.Fatalf("%s: never; outbox %+v", what, v)
-					}
-				}
+				var v outboxView
+				labtest.Eventually(t, what, func() bool { v = view(); return ok(v) })
+				return v
 			}
 			retry := func(token, id string, status int, code string) labtest.Reply {
 				t.Helper()
-				r := labtest.Do(t, http.MethodPost, base+"/outbox/"+id+"/retry", auth(token), "")
+				r := labtest.Do(t, http.MethodPost, base+"/outbox/"+id+"/retry", labtest.Bearer(token), "")
 				if r.Status != status {
 					t.Fatalf("retry %s as %s: %d %s, want %d", id, token, r.Status, r.Body, status)
 				}

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
@@ -26,7 +27,7 @@ func TestAttemptsReportTheirPhases(t *testing.T) {
 		if store == unsafestore.Name {
 			path = "/charge-unsafe?"
 		}
-		rep := getRun(t, a.URL()+path+"key=fresh&attempts=3&fault=slow&work_ms=80&ttl_ms=10000")
+		rep := labtest.Get[experiment.Report](t, a.URL()+path+"key=fresh&attempts=3&fault=slow&work_ms=80&ttl_ms=10000", "")
 		charged, replays := 0, 0
 		for _, res := range rep.Timeline {
 			for _, try := range res.Tries {

@@ -37,12 +37,12 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 			floods = append(floods, flood(t, chargeRequests(t, base, store, at.Token, fmt.Sprintf("flood-%s-%s", at.Tenant, store), 6, slowFault(5000))))
 		}
 	}
-	eventually(t, "the attackers holding connections across their slow work", func() bool {
+	labtest.Eventually(t, "the attackers holding connections across their slow work", func() bool {
 		h := pools[0].Held(x.Namespace)
 		return h.AcrossWork >= budget.SlowPerNamespace
 	})
 	for i := range 30 {
-		r, err := chargeAs(t, base, postgres.Name, z.Token, fmt.Sprintf("victim-%d", i), body2500, nil)
+		r, err := labtest.SendCharge(base, postgres.Name, z.Token, fmt.Sprintf("victim-%d", i), body2500, nil)
 		if err != nil || r.Status != http.StatusCreated {
 			t.Fatalf("the third namespace's plain charge %d during the attack: %v %d %s", i, err, r.Status, r.Body)
 		}
@@ -52,7 +52,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 			if s.err != nil {
 				t.Errorf("a flooding charge: %v", s.err)
 			} else if s.reply.Status != http.StatusCreated {
-				wantProblem(t, "a flooding charge beyond the budget", s.reply, http.StatusServiceUnavailable, "store_unavailable", "")
+				labtest.WantProblem(t, "a flooding charge beyond the budget", s.reply, http.StatusServiceUnavailable, "store_unavailable", "")
 			}
 		}
 	}
@@ -83,7 +83,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 		}
 		floods = append(floods, flood(t, reqs))
 	}
-	eventually(t, "the attackers' namespaces holding their budgets", func() bool {
+	labtest.Eventually(t, "the attackers' namespaces holding their budgets", func() bool {
 		held := 0
 		for _, at := range many {
 			held += pools[0].Held(at.Namespace).Now
@@ -91,7 +91,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 		return held >= int(cfg.PGPoolSize)-budget.Reserve-budget.Headroom
 	})
 	for i := range 10 {
-		r, err := chargeAs(t, base, postgres.Name, z.Token, fmt.Sprintf("victim-many-%d", i), body2500, nil)
+		r, err := labtest.SendCharge(base, postgres.Name, z.Token, fmt.Sprintf("victim-many-%d", i), body2500, nil)
 		if err != nil || r.Status != http.StatusCreated {
 			t.Fatalf("the victim's charge %d among %d attacking namespaces: %v %d %s", i, len(many), err, r.Status, r.Body)
 		}

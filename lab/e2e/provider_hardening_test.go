@@ -119,18 +119,13 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 	}
 	charge := chargeRun(t, first, "run-lab-stop", "k-lab-stop", 2500)
 	// The relay delivered: the capture is at the provider, its webhooks owed.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	labtest.Eventually(t, "the relay delivering the capture", func() bool {
 		s, err := first.Books().OutboxStats(ctx, "acme")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s.Delivered == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the relay never delivered: %+v", s)
-		}
-	}
+		return s.Delivered == 1
+	})
 	if err := first.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -147,18 +142,13 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 		c.DatabaseURL, c.PGSchema = url, schema
 		c.Clock = func() time.Time { return time.Now().Add(time.Minute) }
 	}))
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	labtest.Eventually(t, "the charge settled after the restart", func() bool {
 		ps, err := next.Books().Payments(ctx, "acme", "run-lab-stop", 10)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ps) == 1 && ps[0].State == lab.PaymentSucceeded {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the charge never settled after the restart: %+v", ps)
-		}
-	}
+		return len(ps) == 1 && ps[0].State == lab.PaymentSucceeded
+	})
 	got, err := next.Provider().Stats(ctx, provider.Filter{Run: "run-lab-stop"})
 	if err != nil || got.WebhooksDelivered != 2 || got.WebhooksQueued != 0 || got.CapturesApplied != 1 {
 		t.Fatalf("provider %+v (%v): want one capture and its 2 webhooks delivered", got, err)
@@ -193,14 +183,6 @@ func TestWebhookMustMatchItsCharge(t *testing.T) {
 		t.Fatalf("charge %s not in the ledger", id)
 		return lab.Payment{}
 	}
-	until := func(what string, ok func() bool) {
-		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("never: %s", what)
-			}
-		}
-	}
 
 	// One cent, signed with the lab's own secret.
 	big := chargeRun(t, a, "run-one-cent", "k-one-cent", 1_000_000)
@@ -228,16 +210,16 @@ func TestWebhookMustMatchItsCharge(t *testing.T) {
 	if err != nil || stray.Status != provider.StatusFailed {
 		t.Fatalf("the stray capture: %+v, %v", stray, err)
 	}
-	until("the stray capture's failed webhook refused", func() bool {
+	labtest.Eventually(t, "the stray capture's failed webhook refused", func() bool {
 		return scrape(t, a.URL())[`lab_webhooks_total{outcome="unknown_capture"}`] >= 1
 	})
 	if p := payment(ahead.ID); p.State != lab.PaymentPending {
 		t.Fatalf("a capture the relay never made moved the charge: %+v", p)
 	}
 	a.HoldDelivery(false)
-	until("the relay's capture pays the charge", func() bool { return payment(ahead.ID).State == lab.PaymentSucceeded })
+	labtest.Eventually(t, "the relay's capture pays the charge", func() bool { return payment(ahead.ID).State == lab.PaymentSucceeded })
 	// The stray "failed", retried by the provider, is now a mismatch.
-	until("the stray webhook recorded as a mismatch", func() bool { return payment(ahead.ID).Mismatched == 1 })
+	labtest.Eventually(t, "the stray webhook recorded as a mismatch", func() bool { return payment(ahead.ID).Mismatched == 1 })
 	p := payment(ahead.ID)
 	if p.State != lab.PaymentSucceeded || p.CaptureID == stray.ID || p.CaptureID == "" || !strings.Contains(p.Mismatch, stray.ID) {
 		t.Fatalf("after the relay's capture: %+v; want paid by its own capture, the stray one a mismatch", p)
@@ -257,27 +239,16 @@ func TestStuckChargeReported(t *testing.T) {
 	}
 	charge := chargeRun(t, a, "run-stuck", "k-stuck", 2500)
 	var rec reconciliation
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		rec = labtest.Decode[reconciliation](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/reconcile?run=run-stuck", nil, ""))
-		if len(rec.Findings) == 1 && rec.Findings[0].Problem == "stuck" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("never reported stuck: %+v", rec)
-		}
-	}
+	labtest.Eventually(t, "the charge reported stuck", func() bool {
+		rec = labtest.Get[reconciliation](t, a.URL()+"/lab/reconcile?run=run-stuck", "")
+		return len(rec.Findings) == 1 && rec.Findings[0].Problem == "stuck"
+	})
 	if rec.Findings[0].ChargeID != charge.ID || rec.Disagree != 1 || rec.Pending != 0 {
 		t.Fatalf("reconciliation %+v: want the charge stuck, a disagreement", rec)
 	}
 	// The gauge counts from when the relay recorded the capture, a little
 	// after the provider made it.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		age := scrape(t, a.URL())["lab_oldest_stuck_charge_seconds"]
-		if age > 0.2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lab_oldest_stuck_charge_seconds = %v, want past the 200ms bound", age)
-		}
-	}
+	labtest.Eventually(t, "lab_oldest_stuck_charge_seconds past the 200ms bound", func() bool {
+		return scrape(t, a.URL())["lab_oldest_stuck_charge_seconds"] > 0.2
+	})
 }

@@ -1,6 +1,7 @@
 package e2e_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -27,9 +28,7 @@ func TestRunsCountOnlyTheirNamespace(t *testing.T) {
 	}
 	for i, key := range []string{"intruder-1", "intruder-2", "intruder-3"} {
 		r := send(labtest.Globex, key, rep.RunID) // globex is a namespace of its own
-		if code, param := problemOf(t, r); r.Status != http.StatusBadRequest || code != "invalid_parameter" || param != "Lab-Run" {
-			t.Fatalf("charge %d tagged with acme's run: %d %s %s", i, r.Status, code, param)
-		}
+		labtest.WantProblem(t, fmt.Sprintf("charge %d tagged with acme's run", i), r, http.StatusBadRequest, "invalid_parameter", "Lab-Run")
 		if n := keyCharges(t, a, "globex", memory.Name, key); n != 0 {
 			t.Fatalf("the refused charge %s was applied %d times", key, n)
 		}
@@ -42,7 +41,7 @@ func TestRunsCountOnlyTheirNamespace(t *testing.T) {
 	}
 	opened := labtest.Decode[struct {
 		RunID string `json:"run_id"`
-	}](t, labtest.Do(t, http.MethodPost, a.URL()+"/lab/runs", http.Header{"Authorization": {"Bearer " + labtest.Acme}}, ""))
+	}](t, labtest.Do(t, http.MethodPost, a.URL()+"/lab/runs", labtest.Bearer(labtest.Acme), ""))
 	for _, key := range []string{"mine-1", "mine-2"} {
 		if r := send(labtest.Acme, key, opened.RunID); r.Status != http.StatusCreated {
 			t.Fatalf("a charge in a run of one's own: %d %s", r.Status, r.Body)

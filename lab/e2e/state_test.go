@@ -21,7 +21,7 @@ import (
 func TestKeyLookupShowsTheStoredResponse(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, fullConfig(t))
-	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}}
+	h := labtest.Bearer(labtest.Acme)
 	type state struct {
 		Seen        string          `json:"key_state"`
 		State       string          `json:"state"`

@@ -13,16 +13,6 @@ import (
 	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
-// problemOf reads the code and the parameter a problem names.
-func problemOf(t *testing.T, r labtest.Reply) (code, param string) {
-	t.Helper()
-	p := labtest.Decode[struct {
-		Code  string `json:"code"`
-		Param string `json:"param"`
-	}](t, r)
-	return p.Code, p.Param
-}
-
 // TestEveryRouteRefusesStrayParameters: every route the index lists refuses
 // a parameter it does not take, a repeated one, and a malformed query, with
 // the same 400 naming it — whether the route would have read it or not.
@@ -38,16 +28,12 @@ func TestEveryRouteRefusesStrayParameters(t *testing.T) {
 		path = strings.NewReplacer(":id", "x", ":key", "k").Replace(path)
 		for query, want := range map[string]string{"bogus=1": "bogus", "%zz": "query", "a=%00": "a"} {
 			r := labtest.Do(t, method, a.URL()+path+"?"+query, nil, "")
-			if code, param := problemOf(t, r); r.Status != http.StatusBadRequest || code != "invalid_parameter" || param != want {
-				t.Errorf("%s?%s: %d %s %s: want 400 naming %s", route, query, r.Status, code, param, want)
-			}
+			labtest.WantProblem(t, route+"?"+query, r, http.StatusBadRequest, "invalid_parameter", want)
 		}
 		if len(params) > 1 {
 			p := params[1] // the first of its own, after pretty
 			r := labtest.Do(t, method, a.URL()+path+"?"+p+"=1&"+p+"=2", nil, "")
-			if code, param := problemOf(t, r); r.Status != http.StatusBadRequest || code != "invalid_parameter" || param != p {
-				t.Errorf("%s with %s twice: %d %s %s", route, p, r.Status, code, param)
-			}
+			labtest.WantProblem(t, route+" with "+p+" twice", r, http.StatusBadRequest, "invalid_parameter", p)
 		}
 	}
 }
@@ -72,9 +58,7 @@ func TestRunsReadEveryParameterStrictly(t *testing.T) {
 		{"/charge-idempotent?store=memory&key=junk-10&tokn=x", "tokn"},
 	} {
 		r := labtest.Do(t, http.MethodGet, a.URL()+tc.query, nil, "")
-		if code, param := problemOf(t, r); r.Status != http.StatusBadRequest || code != "invalid_parameter" || param != tc.param {
-			t.Errorf("%s: %d %s %s, want 400 naming %s", tc.query, r.Status, code, param, tc.param)
-		}
+		labtest.WantProblem(t, tc.query, r, http.StatusBadRequest, "invalid_parameter", tc.param)
 	}
 	for _, store := range []string{"memory", "unsafe"} {
 		for i := 1; i <= 10; i++ {

@@ -8,6 +8,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/lab/variant"
@@ -40,7 +41,7 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", body2500); r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("sequential retry: %d, replayed %q", r.Status, r.Header.Get("Idempotent-Replayed"))
 	}
-	rep := getRun(t, a.URL()+"/charge-idempotent?store="+string(labtest.OneLockName)+"&attempts=16&key=k-toy-storm")
+	rep := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?store="+string(labtest.OneLockName)+"&attempts=16&key=k-toy-storm", "")
 	if rep.Verdict != lab.Holds || rep.ExpectedVerdict != lab.Holds || rep.Explanation == "" {
 		t.Fatalf("run: %s, expected %q, explanation %q", rep.Verdict, rep.ExpectedVerdict, rep.Explanation)
 	}
