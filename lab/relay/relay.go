@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // Outbox is where the relay finds due events and records what became of them.
@@ -65,13 +66,23 @@ func (s Settings) Validate() error {
 	return nil
 }
 
-// Config configures a Relay. Every field is required.
+// Config configures a Relay. Every field is required but Signals.
 type Config struct {
 	Outbox   Outbox
 	Provider Provider
 	Clock    lab.Clock
 	Logger   *slog.Logger
 	Settings
+	// Signals are what a test waits on; the zero value signals nothing.
+	Signals Signals
+}
+
+// Signals are the points of a relay a test can wait on, instead of
+// sleeping (see lab/testsignal).
+type Signals struct {
+	// Ticked: a worker's turn is over, its batch delivered and recorded,
+	// or skipped while the relay is held.
+	Ticked testsignal.Signal
 }
 
 // Defaults are the settings the lab runs with.
@@ -144,6 +155,7 @@ func (r *Relay) work(ctx context.Context) {
 				r.cfg.Logger.WarnContext(ctx, "outbox relay tick failed", "err", err)
 			}
 		}
+		r.cfg.Signals.Ticked.Signal()
 		select {
 		case <-ctx.Done():
 			return
