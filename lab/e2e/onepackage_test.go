@@ -11,7 +11,6 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/redisdb"
-	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants"
 )
 
@@ -72,35 +71,5 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	var md strings.Builder
 	if err := m.WriteMarkdown(&md); err != nil || !strings.Contains(md.String(), "`"+string(labtest.OneLockName)+"`") {
 		t.Fatalf("markdown lacks the column (%v):\n%s", err, md.String())
-	}
-}
-
-// TestRegistryRefusesBadVariants: names, effects, needs, crash effects and
-// verdicts are checked once, when the lab starts.
-func TestRegistryRefusesBadVariants(t *testing.T) {
-	t.Parallel()
-	ok := labtest.OneLock()
-	for name, mutate := range map[string]func(*variant.Variant){
-		"duplicate name": func(v *variant.Variant) { v.Name = "memory" },
-		"bad name":       func(v *variant.Variant) { v.Name = "One Lock" },
-		"no open":        func(v *variant.Variant) { v.Open = nil },
-		"bad effects":    func(v *variant.Variant) { v.Effects = "carrier pigeon" },
-		"unknown need":   func(v *variant.Variant) { v.Needs = []variant.Need{"kafka"} },
-		"no crash":       func(v *variant.Variant) { v.Crash = "" },
-		"keyless crash":  func(v *variant.Variant) { v.Name, v.RequiresKey, v.Effects = "no-key-toy", false, "direct" },
-		"bad verdict": func(v *variant.Variant) {
-			v.Mechanisms = map[variant.Case]variant.Mechanism{variant.CaseRetries: {Usual: "maybe"}}
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			v := ok
-			mutate(&v)
-			if _, err := variant.NewRegistry(append(variants.Builtin(), v)...); err == nil {
-				t.Fatal("accepted")
-			}
-		})
-	}
-	if _, err := variant.NewRegistry(append(variants.Builtin(), ok)...); err != nil {
-		t.Fatalf("refused a good variant: %v", err)
 	}
 }
