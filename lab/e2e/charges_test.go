@@ -19,6 +19,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -448,9 +449,10 @@ func TestBasePathAndMetrics(t *testing.T) {
 
 func TestOutboxIsDelivered(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	ticked := testsignal.New() // after each turn of the lab's relay
+	a := labtest.Start(t, labConfig(func(c *app.Config) { c.Relay.Signals.Ticked = ticked }))
 	labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox", "")
-	labtest.Eventually(t, "the outbox delivered, one receipt", func() bool {
+	ticked.WaitUntil(t, "the outbox delivered, one receipt", func() bool {
 		ob := labtest.Get[outboxReply](t, a.URL()+"/outbox", "")
 		return ob.Delivered == 1 && ob.Pending == 0 && ob.Receipts == 1
 	})

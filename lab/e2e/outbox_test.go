@@ -9,6 +9,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // outboxView is the part of GET /outbox this test reads.
@@ -30,8 +31,10 @@ type outboxView struct {
 func TestDeadEventRetried(t *testing.T) {
 	for _, ledger := range []string{"memory", "postgres"} {
 		t.Run(ledger, func(t *testing.T) {
+			ticked := testsignal.New() // after each turn of the lab's relay
 			cfg := labConfig(func(c *app.Config) {
 				c.AdminToken = "admin-token-outbox"
+				c.Relay.Signals.Ticked = ticked
 				c.Relay.Interval, c.Relay.BaseBackoff, c.Relay.MaxBackoff, c.Relay.MaxAttempts = 5*time.Millisecond, time.Millisecond, 5*time.Millisecond, 3
 			})
 			if ledger == "postgres" {
@@ -61,7 +64,7 @@ func TestDeadEventRetried(t *testing.T) {
 			waitFor := func(what string, ok func(outboxView) bool) outboxView {
 				t.Helper()
 				var v outboxView
-				labtest.Eventually(t, what, func() bool { v = view(); return ok(v) })
+				ticked.WaitUntil(t, what, func() bool { v = view(); return ok(v) })
 				return v
 			}
 			retry := func(token, id string, status int, code string) labtest.Reply {

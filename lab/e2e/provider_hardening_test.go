@@ -13,6 +13,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // readyProvider reads the provider's URL from GET /ready, as any local
@@ -102,9 +103,12 @@ func TestProviderAPIClosed(t *testing.T) {
 func TestWebhooksSurviveALabStop(t *testing.T) {
 	t.Parallel()
 	url, schema := labtest.Postgres(t)
-	cfg := labConfig(func(c *app.Config) { c.DatabaseURL, c.PGSchema = url, schema })
+	ticked := testsignal.New() // after each turn of the first lab's relay
 	ctx := t.Context()
-	first, err := app.Start(ctx, cfg)
+	first, err := app.Start(ctx, labConfig(func(c *app.Config) {
+		c.DatabaseURL, c.PGSchema = url, schema
+		c.Relay.Signals.Ticked = ticked
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +123,7 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 	}
 	charge := chargeRun(t, first, "run-lab-stop", "k-lab-stop", 2500)
 	// The relay delivered: the capture is at the provider, its webhooks owed.
-	labtest.Eventually(t, "the relay delivering the capture", func() bool {
+	ticked.WaitUntil(t, "the relay delivering the capture", func() bool {
 		s, err := first.Books().OutboxStats(ctx, "acme")
 		if err != nil {
 			t.Fatal(err)

@@ -37,7 +37,8 @@ type Provider interface {
 	Deliver(ctx context.Context, e lab.Event) (duplicate bool, err error)
 }
 
-// Settings tune a relay; every field is required (Defaults has the lab's).
+// Settings tune a relay; every field is required (Defaults has the lab's)
+// but Signals.
 type Settings struct {
 	Interval time.Duration // poll interval of each worker
 	Lease    time.Duration // how long a claimed event is hidden from other workers
@@ -50,6 +51,9 @@ type Settings struct {
 	MaxAttempts int           // then the event is dead
 	BaseBackoff time.Duration // first retry delay, doubled per attempt, with jitter
 	MaxBackoff  time.Duration // cap of the retry delay
+	// Signals are what a test waits on; the zero value signals nothing.
+	// They are settings so that a test of a whole lab can pass them in.
+	Signals Signals
 }
 
 // Validate reports settings out of range.
@@ -66,15 +70,13 @@ func (s Settings) Validate() error {
 	return nil
 }
 
-// Config configures a Relay. Every field is required but Signals.
+// Config configures a Relay. Every field is required.
 type Config struct {
 	Outbox   Outbox
 	Provider Provider
 	Clock    lab.Clock
 	Logger   *slog.Logger
 	Settings
-	// Signals are what a test waits on; the zero value signals nothing.
-	Signals Signals
 }
 
 // Signals are the points of a relay a test can wait on, instead of
