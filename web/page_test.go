@@ -448,12 +448,15 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 	mstep, mcancel := context.WithTimeout(ctx, 120*time.Second)
 	defer mcancel()
+	// The matrix runs every cell for real: its step's deadline bounds the
+	// polls, not chromedp's default of 30 s, which a loaded machine passes.
+	whole := chromedp.WithPollingTimeout(0)
 	// Progress while it runs: some cells decided, some still pending.
 	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`(() => { const p = document.querySelector("#matrixProgress progress");
-		return !!p && p.value > 0 && p.value < p.max && document.querySelectorAll("#matrixOut td[data-pending]").length === p.max - p.value })()`)); err != nil {
+		return !!p && p.value > 0 && p.value < p.max && document.querySelectorAll("#matrixOut td[data-pending]").length === p.max - p.value })()`, whole)); err != nil {
 		t.Fatalf("no progress while the matrix ran: %v", err)
 	}
-	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`/real runs in/.test(document.querySelector("#matrixProgress")?.textContent)`)); err != nil {
+	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`/real runs in/.test(document.querySelector("#matrixProgress")?.textContent)`, whole)); err != nil {
 		t.Fatalf("the matrix never finished on the page: %v", err)
 	}
 	type cell struct {
