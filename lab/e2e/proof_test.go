@@ -1,4 +1,4 @@
-package variants_test
+package e2e_test
 
 import (
 	"bytes"
@@ -21,11 +21,7 @@ func TestEveryRunIsProved(t *testing.T) {
 	a := labtest.Start(t, fullConfig(t))
 	run := func(q string) experiment.Report {
 		t.Helper()
-		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?"+q, nil, "")
-		if r.Status != http.StatusOK {
-			t.Fatalf("%s: %d %s", q, r.Status, r.Body)
-		}
-		return labtest.Decode[experiment.Report](t, r)
+		return labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?"+q, "")
 	}
 	ledgerHistory := func(rep experiment.Report) history.History {
 		t.Helper()
