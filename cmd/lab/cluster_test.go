@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -41,24 +40,6 @@ func buildLab(t *testing.T) string {
 	return bin
 }
 
-func freePorts(t *testing.T, n int) []int {
-	t.Helper()
-	var ports []int
-	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns = append(lns, ln)
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	for _, ln := range lns {
-		ln.Close()
-	}
-	return ports
-}
-
 // startCluster starts three replicas that know each other, sharing
 // PostgreSQL (a schema of the test's own) and Redis (a prefix of its own).
 func startCluster(t *testing.T) ([]*process, *pgxpool.Pool) {
@@ -66,7 +47,7 @@ func startCluster(t *testing.T) ([]*process, *pgxpool.Pool) {
 	dbURL, schema := labtest.Postgres(t)
 	redisURL, prefix := labtest.Redis(t)
 	bin := buildLab(t)
-	ports := freePorts(t, 3)
+	ports := labtest.FreePorts(t, 3)
 	procs := make([]*process, 3)
 	for i := range procs {
 		procs[i] = &process{name: fmt.Sprintf("r%d", i+1), url: fmt.Sprintf("http://127.0.0.1:%d", ports[i])}
@@ -117,22 +98,14 @@ func startCluster(t *testing.T) ([]*process, *pgxpool.Pool) {
 	return procs, pool
 }
 
+// waitHealthy waits for a lab process to answer /health: it says nothing
+// when it listens, so the test asks.
 func waitHealthy(t *testing.T, base string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never became healthy: %v", base, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	labtest.Eventually(t, base+" healthy", func() bool {
+		r, err := labtest.Send(http.MethodGet, base+"/health", nil, "")
+		return err == nil && r.Status == http.StatusOK
+	})
 }
 
 // ledger counts one key's charges and outbox events for a store, straight
@@ -242,20 +215,13 @@ func waitForLocks(t *testing.T, pool *pgxpool.Pool, schema, what, cond string) {
 		JOIN pg_stat_activity a ON a.pid = l.pid
 		LEFT JOIN pg_locks w ON w.pid = l.pid AND NOT w.granted
 		WHERE n.nspname = $1 AND c.relname = 'idempotency_requests' AND l.mode = 'RowExclusiveLock' AND l.granted`
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	labtest.Eventually(t, "PostgreSQL showing "+what, func() bool {
 		var ok bool
 		if err := pool.QueryRow(context.Background(), q, schema).Scan(&ok); err != nil {
 			t.Fatalf("reading locks: %v", err)
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("PostgreSQL never showed %s", what)
-		}
-		_ = lab.Sleep(t.Context(), 5*time.Millisecond)
-	}
+		return ok
+	})
 }
 
 // retryUntilAnswered is a client retrying one charge: on a dropped
@@ -280,6 +246,8 @@ func retryUntilAnswered(t *testing.T, procs []*process, start int, key string) i
 		resp.Body.Close()
 		switch resp.StatusCode {
 		case http.StatusConflict, http.StatusServiceUnavailable:
+			// The client's own backoff before it retries, as a real one
+			// paces its retries: what is modelled, not a wait for the test.
 			time.Sleep(100 * time.Millisecond)
 		default:
 			return resp.StatusCode

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -21,7 +19,7 @@ const testProviderKey = "cmd-test-provider-key"
 // process with args until the test ends, and returns its base URL.
 func startProvider(t *testing.T, args ...string) string {
 	t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePorts(t, 1)[0])
+	addr := fmt.Sprintf("127.0.0.1:%d", labtest.FreePorts(t, 1)[0])
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	var logs bytes.Buffer
@@ -39,23 +37,18 @@ func startProvider(t *testing.T, args ...string) string {
 		}
 	})
 	base := "http://" + addr
-	for deadline := time.Now().Add(30 * time.Second); ; {
+	// runProvider says nothing when it listens: the test asks /health.
+	labtest.Eventually(t, "lab provider at "+base+" healthy", func() bool {
 		select {
 		case err := <-done:
 			stopped = true
 			t.Fatalf("lab provider stopped: %v\n%s", err, logs.String())
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if resp, err := http.Get(base + "/provider/health"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lab provider at %s never became healthy", base)
-		}
-	}
+		r, err := labtest.Send(http.MethodGet, base+"/provider/health", nil, "")
+		return err == nil && r.Status == http.StatusOK
+	})
+	return base
 }
 
 // TestProviderCommandAPIKey: `lab provider` refuses to start without an
@@ -94,25 +87,7 @@ func TestProviderServerTimeouts(t *testing.T) {
 	// connection before limit.
 	closedWithin := func(t *testing.T, head string, limit time.Duration) bool {
 		t.Helper()
-		conn, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		if _, err := io.WriteString(conn, head); err != nil {
-			t.Fatal(err)
-		}
-		closed := make(chan struct{})
-		go func() {
-			_, _ = io.Copy(io.Discard, conn) // returns when the server closes
-			close(closed)
-		}()
-		select {
-		case <-closed:
-			return true
-		case <-time.After(limit):
-			return false
-		}
+		return <-labtest.SlowClient(t, addr, head, "", limit)
 	}
 	t.Run("HeadersNeverEnd", func(t *testing.T) {
 		if !closedWithin(t, "GET /provider/health HTTP/1.1\r\nHost: x\r\n", 5*time.Second) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -29,21 +28,6 @@ func scriptNeedTools(t *testing.T, tools ...string) {
 			t.Skipf("%s is not installed: the script needs it", tool)
 		}
 	}
-}
-
-// scriptFreePorts returns n distinct loopback ports that were free a moment ago.
-func scriptFreePorts(t *testing.T, n int) []int {
-	t.Helper()
-	ports := make([]int, 0, n)
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close() // held until all are picked, so they differ
-		ports = append(ports, ln.Addr().(*net.TCPAddr).Port)
-	}
-	return ports
 }
 
 // runScript runs a script under bash with extra environment, bounded by
@@ -149,7 +133,7 @@ func TestClusterScript(t *testing.T) {
 	withPair := errServer == nil && errCLI == nil
 	dbURL, schema := labtest.Postgres(t) // schema dropped (DROP SCHEMA … CASCADE) when the test ends
 	redisURL, prefix := labtest.Redis(t) // keys under prefix deleted when the test ends
-	ports := scriptFreePorts(t, 4)
+	ports := labtest.FreePorts(t, 4)
 	env := []string{
 		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]),
 		fmt.Sprintf("FRONT_PORT=%d", ports[3]),
@@ -288,7 +272,7 @@ func TestWalkthroughScript(t *testing.T) {
 	})
 
 	t.Run("no lab", func(t *testing.T) {
-		url := fmt.Sprintf("http://127.0.0.1:%d", scriptFreePorts(t, 1)[0])
+		url := fmt.Sprintf("http://127.0.0.1:%d", labtest.FreePorts(t, 1)[0])
 		out, code := runScript(t, time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", url)
 		if code == 0 || !strings.Contains(out, "FAILED at step 1") || !strings.Contains(out, "is the lab running?") {
 			t.Errorf("against %s with nothing listening: exit %d, want non-zero and a clear message:\n%s", url, code, out)

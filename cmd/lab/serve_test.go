@@ -31,7 +31,7 @@ func TestZeroConfigServe(t *testing.T) {
 		t.Skip("PostgreSQL's server binaries (initdb, postgres) are not installed: apt-get install postgresql")
 	}
 	bin := buildLab(t)
-	port := freePorts(t, 1)[0]
+	port := labtest.FreePorts(t, 1)[0]
 	cmd := exec.Command(bin, "serve", "-addr", fmt.Sprintf("127.0.0.1:%d", port))
 	var env []string
 	for _, kv := range os.Environ() {

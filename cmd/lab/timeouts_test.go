@@ -3,10 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
 // TestFrontClosesASlowClient: the front, like every server of the project,
@@ -33,29 +34,16 @@ func TestFrontClosesASlowClient(t *testing.T) {
 			t.Errorf("proxy: %v (%s)", err, stderr.String())
 		}
 	})
-	var conn net.Conn
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		if conn, err = net.Dial("tcp", addr); err == nil {
-			break
+	// The front is another goroutine's and says nothing when it listens.
+	labtest.Eventually(t, "the front listening", func() bool {
+		conn, err := net.Dial("tcp", addr)
+		if err == nil {
+			conn.Close()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the front never listened: %v (%s)", err, stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond) // the front is another goroutine's; it says nothing when it listens
-	}
-	defer conn.Close()
-	start := time.Now()
-	go func() { // a slow client: a byte of its headers every 50 ms
-		for _, b := range []byte("GET /front/status HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n") {
-			if _, err := conn.Write([]byte{b}); err != nil {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}()
-	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	answer, err := io.ReadAll(conn) // until the front closes the connection
-	if took := time.Since(start); err != nil || took > 3*time.Second || bytes.Contains(answer, []byte(" 200 ")) {
-		t.Fatalf("a slow client was still served after %s (%q, %v): the read timeout of 300 ms did not cut it off", took, answer, err)
+		return err == nil
+	})
+	// A slow client: its headers a byte every 50 ms, never finished.
+	if !<-labtest.SlowClient(t, addr, "GET /front/status HTTP/1.1\r\nHost: x\r\n", "X-Slow: 1\r\n", 3*time.Second) {
+		t.Fatal("a slow client was still connected after 3s: the read timeout of 300 ms did not cut it off")
 	}
 }

@@ -4,12 +4,8 @@
 package labtest
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"io"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -67,47 +63,6 @@ func optional(tb testing.TB, env string) bool {
 	}
 	tb.Log("without " + env + ": " + why)
 	return false
-}
-
-// Reply is one HTTP answer.
-type Reply struct {
-	Status int
-	Header http.Header
-	Body   []byte
-}
-
-// Do sends one request.
-func Do(tb testing.TB, method, url string, header http.Header, body string) Reply {
-	tb.Helper()
-	req, err := http.NewRequest(method, url, bytes.NewBufferString(body))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for k, v := range header {
-		req.Header[k] = v
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		tb.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return Reply{Status: resp.StatusCode, Header: resp.Header, Body: b}
-}
-
-// Charge posts a charge as tenant token with key ("" sends none).
-func Charge(tb testing.TB, base string, store lab.StoreName, token, key, body string) Reply {
-	tb.Helper()
-	h := http.Header{}
-	h.Set("Authorization", "Bearer "+token)
-	h.Set("Content-Type", "application/json")
-	if key != "" {
-		h.Set("Idempotency-Key", key)
-	}
-	return Do(tb, http.MethodPost, base+"/charges?store="+string(store), h, body)
 }
 
 // Postgres returns DATABASE_URL and a schema of the test's own, dropped when
@@ -193,16 +148,6 @@ func (l LostCommit) Apply(ctx context.Context, a lab.Apply) (lab.Charge, error) 
 		return c, err
 	}
 	return lab.Charge{}, errors.New("conn closed")
-}
-
-// Decode decodes a reply's JSON body into a T, such as a typed report.
-func Decode[T any](tb testing.TB, r Reply) T {
-	tb.Helper()
-	var v T
-	if err := json.Unmarshal(r.Body, &v); err != nil {
-		tb.Fatalf("decoding %q: %v", r.Body, err)
-	}
-	return v
 }
 
 // Clock is a clock a test moves by hand: expiry and backoff without sleeping.

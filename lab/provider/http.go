@@ -253,6 +253,7 @@ func requestFaults(h http.Header) (override, error) {
 // transport error, not a status.
 func (p *Provider) drop(c echo.Context) error {
 	p.counters.dropped.Add(1)
+	defer p.cfg.Signals.Counted.Signal()
 	conn, _, err := http.NewResponseController(c.Response()).Hijack()
 	if err != nil {
 		// Nothing to hijack (HTTP/2): aborting the handler resets the stream.
@@ -266,6 +267,7 @@ func (p *Provider) drop(c echo.Context) error {
 // up, the hold ends or the provider stops, then drops the connection.
 func (p *Provider) withhold(c echo.Context) error {
 	p.counters.responsesLost.Add(1)
+	p.cfg.Signals.Counted.Signal()
 	t := time.NewTimer(p.cfg.ResponseLostHold)
 	defer t.Stop()
 	select {

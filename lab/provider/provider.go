@@ -23,6 +23,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // Config says how a provider behaves. Zero fields take DefaultConfig's
@@ -75,6 +76,16 @@ type Config struct {
 	// before the connection is closed, when the client waits longer.
 	// Default 10s.
 	ResponseLostHold time.Duration
+	// Signals are what a test waits on; the zero value signals nothing.
+	Signals Signals
+}
+
+// Signals are the points of a provider a test can wait on, instead of
+// sleeping (see lab/testsignal).
+type Signals struct {
+	// Counted: the counters moved (a connection dropped, an answer
+	// withheld), or a webhook attempt's outcome is recorded.
+	Counted testsignal.Signal
 }
 
 // DefaultConfig returns the defaults; Records and APIKey (and Secret with

@@ -19,6 +19,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/signature"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 var secret = []byte("whsec_provider_test")
@@ -70,6 +71,7 @@ func setup(t *testing.T, o options) *env {
 		Records: o.records, APIKey: apiKey, Secret: secret, Logger: slog.New(slog.DiscardHandler), Rand: o.rand,
 		WebhookAttempts: o.attempts, WebhookWindow: o.window, WebhookBackoff: time.Millisecond, WebhookWorkers: 1,
 		WebhookPoll: 10 * time.Millisecond, ResponseLostHold: o.hold,
+		Signals: provider.Signals{Counted: testsignal.New()},
 	}
 	hooks := make(chan hook, 100)
 	if o.webhooks {
@@ -168,16 +170,11 @@ func (e *env) next(t *testing.T) hook {
 }
 
 // eventually waits until the counters satisfy ok: they move after the
-// answer a test waits on, so there is nothing else to wait for.
+// answer a test waits on, so it re-checks each time the provider signals
+// that it counted.
 func (e *env) eventually(t *testing.T, what string, ok func(provider.Counters) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok(e.p.Counters()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("counters %+v never showed %s", e.p.Counters(), what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	e.cfg.Signals.Counted.WaitUntil(t, what, func() bool { return ok(e.p.Counters()) })
 }
 
 // post sends a raw request to a route of the provider.
@@ -192,7 +189,7 @@ func (e *env) do(t *testing.T, method, path string, header http.Header, body str
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.GetBody = nil
+	req.GetBody = nil // the transport never resends: each request the provider counts is the test's
 	req.Header.Set("Authorization", "Bearer "+apiKey)
 	for k, v := range header {
 		req.Header[k] = v
@@ -221,22 +218,11 @@ func keyed(key, fault string) http.Header {
 	return h
 }
 
-// problemOf decodes a problem answer and checks its shape.
+// problemOf checks that r is the problem status with code, and says why.
 func problemOf(t *testing.T, r labtest.Reply, status int, code string) {
 	t.Helper()
-	var p struct {
-		Type   string `json:"type"`
-		Title  string `json:"title"`
-		Status int    `json:"status"`
-		Code   string `json:"code"`
-		Detail string `json:"detail"`
-	}
-	if err := json.Unmarshal(r.Body, &p); err != nil {
-		t.Fatalf("answer %d %q is no problem: %v", r.Status, r.Body, err)
-	}
-	if r.Status != status || p.Status != status || p.Code != code || p.Type == "" || p.Title == "" || p.Detail == "" ||
-		r.Header.Get("Content-Type") != "application/problem+json" {
-		t.Fatalf("answer %d %s %q; want %d with code %s", r.Status, r.Header.Get("Content-Type"), r.Body, status, code)
+	if p := labtest.Problem(t, r); r.Status != status || p.Code != code || p.Detail == "" {
+		t.Fatalf("answer %d %q; want %d with code %s and a detail", r.Status, r.Body, status, code)
 	}
 }
 

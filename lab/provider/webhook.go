@@ -167,6 +167,7 @@ func (p *Provider) sendDue(ctx context.Context) (int, time.Time) {
 // send makes one attempt of w and records it; it returns when w is due
 // again, zero when it is delivered, dead or released.
 func (p *Provider) send(ctx context.Context, w Webhook) time.Time {
+	defer p.cfg.Signals.Counted.Signal()
 	status, err := p.post(ctx, w)
 	if ctx.Err() != nil {
 		p.release(ctx, w)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/signature"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // expect checks the next webhooks' types and signatures, in order.
@@ -258,7 +259,9 @@ func TestRunStops(t *testing.T) {
 		}
 	})
 	t.Run("HeldAnswerLetGo", func(t *testing.T) {
-		p, err := provider.New(provider.Config{Records: provider.NewMemory(), APIKey: apiKey, Logger: slog.New(slog.DiscardHandler)})
+		cfg := provider.Config{Records: provider.NewMemory(), APIKey: apiKey, Logger: slog.New(slog.DiscardHandler),
+			Signals: provider.Signals{Counted: testsignal.New()}}
+		p, err := provider.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,6 +272,7 @@ func TestRunStops(t *testing.T) {
 			p.Run(runCtx)
 		}()
 		e := serve(t, p)
+		e.cfg = cfg
 		answered := make(chan error, 1)
 		go func() {
 			_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
@@ -287,16 +291,11 @@ func TestRunStops(t *testing.T) {
 }
 
 // eventuallyStats waits until the records' figures satisfy ok: a
-// webhook's completion is recorded after the receiver answered it.
+// webhook's completion is recorded after the receiver answered it, and
+// the provider signals once it is.
 func eventuallyStats(t *testing.T, e *env, what string, ok func(provider.Stats) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for s := e.stats(t, ""); !ok(s); s = e.stats(t, "") {
-		if time.Now().After(deadline) {
-			t.Fatalf("stats %+v never showed %s", s, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	e.cfg.Signals.Counted.WaitUntil(t, what, func() bool { return ok(e.stats(t, "")) })
 }
 
 // TestWebhookWindow: a webhook the lab never acknowledges is retried with

@@ -4,10 +4,10 @@ import (
 	"errors"
 	"os"
 	"testing"
-	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 )
 
@@ -36,11 +36,8 @@ func TestFailoverLosesWhatDidNotReplicate(t *testing.T) {
 	}
 	replica := goredis.NewClient(&goredis.Options{Addr: p.ReplicaAddr()})
 	defer replica.Close()
-	for deadline := time.Now().Add(5 * time.Second); replica.Get(ctx, "before").Val() != "1"; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the replica never got the first write")
-		}
-	}
+	// Replication is the redis-servers' own: the test asks the replica.
+	labtest.Eventually(t, "the replica getting the first write", func() bool { return replica.Get(ctx, "before").Val() == "1" })
 	if err := p.HoldReplication(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -65,11 +62,7 @@ func TestFailoverLosesWhatDidNotReplicate(t *testing.T) {
 	}
 	old := goredis.NewClient(&goredis.Options{Addr: first})
 	defer old.Close()
-	for deadline := time.Now().Add(5 * time.Second); old.Get(ctx, "after").Val() != "1"; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the old primary does not follow the new one")
-		}
-	}
+	labtest.Eventually(t, "the old primary following the new one", func() bool { return old.Get(ctx, "after").Val() == "1" })
 }
 
 // TestPairSharedByTwoProcesses: two labs given the same pair (in either

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/relay"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // counting passes deliveries to the provider and records, per event id, how
@@ -39,7 +40,10 @@ func (p *counting) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 		p.inFlight[e.ID]--
 		p.mu.Unlock()
 	}()
-	time.Sleep(50 * time.Microsecond) // a delivery takes a while: room for another to overlap it
+	// A delivery takes a while, as a real one does: the window in which a
+	// second worker, were the claim not fenced, would overlap it. The
+	// duration is what is simulated, not a wait for the test.
+	time.Sleep(50 * time.Microsecond)
 	return p.Provider.Deliver(ctx, e)
 }
 
@@ -199,26 +203,23 @@ func TestRelaysShareOneOutbox(t *testing.T) {
 			rec := newCounting(rcv)
 			ctx, cancel := context.WithCancel(t.Context())
 			var wg sync.WaitGroup
+			defer func() {
+				cancel()
+				wg.Wait()
+			}()
+			ticked := testsignal.New() // every worker of every relay signals it
 			relays := make([]*relay.Relay, 3)
 			for i := range relays {
 				cfg := relay.Defaults()
 				cfg.Interval, cfg.Batch, cfg.Workers = time.Millisecond, 7, 3
+				cfg.Signals.Ticked = ticked
 				relays[i] = newRelayWith(t, b, rec, c, cfg)
 				wg.Go(func() { relays[i].Run(ctx) })
 			}
-			deadline := time.Now().Add(30 * time.Second)
-			for {
+			ticked.WaitUntil(t, "the outbox drained", func() bool {
 				s, err := b.OutboxStats(t.Context(), "")
-				if err == nil && s.Delivered == events {
-					break
-				}
-				if time.Now().After(deadline) {
-					cancel()
-					wg.Wait()
-					t.Fatalf("outbox not drained: %+v (err %v)", s, err)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return err == nil && s.Delivered == events
+			})
 			cancel()
 			wg.Wait()
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // Outbox is where the relay finds due events and records what became of them.
@@ -36,7 +37,8 @@ type Provider interface {
 	Deliver(ctx context.Context, e lab.Event) (duplicate bool, err error)
 }
 
-// Settings tune a relay; every field is required (Defaults has the lab's).
+// Settings tune a relay; every field is required (Defaults has the lab's)
+// but Signals.
 type Settings struct {
 	Interval time.Duration // poll interval of each worker
 	Lease    time.Duration // how long a claimed event is hidden from other workers
@@ -49,6 +51,9 @@ type Settings struct {
 	MaxAttempts int           // then the event is dead
 	BaseBackoff time.Duration // first retry delay, doubled per attempt, with jitter
 	MaxBackoff  time.Duration // cap of the retry delay
+	// Signals are what a test waits on; the zero value signals nothing.
+	// They are settings so that a test of a whole lab can pass them in.
+	Signals Signals
 }
 
 // Validate reports settings out of range.
@@ -72,6 +77,14 @@ type Config struct {
 	Clock    lab.Clock
 	Logger   *slog.Logger
 	Settings
+}
+
+// Signals are the points of a relay a test can wait on, instead of
+// sleeping (see lab/testsignal).
+type Signals struct {
+	// Ticked: a worker's turn is over, its batch delivered and recorded,
+	// or skipped while the relay is held.
+	Ticked testsignal.Signal
 }
 
 // Defaults are the settings the lab runs with.
@@ -144,6 +157,7 @@ func (r *Relay) work(ctx context.Context) {
 				r.cfg.Logger.WarnContext(ctx, "outbox relay tick failed", "err", err)
 			}
 		}
+		r.cfg.Signals.Ticked.Signal()
 		select {
 		case <-ctx.Done():
 			return

@@ -13,6 +13,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/relay"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // books is what the relay and these tests use of the ground truth.
@@ -235,6 +236,7 @@ func TestHeldRelayClaimsNothingUntilResumed(t *testing.T) {
 	charge(t, b.books, c, "k-held")
 	cfg := relay.Defaults()
 	cfg.Interval = time.Millisecond
+	cfg.Signals.Ticked = testsignal.New()
 	r := newRelayWith(t, b, newReceiver(t, b), c, cfg)
 	r.Hold(true)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -247,7 +249,9 @@ func TestHeldRelayClaimsNothingUntilResumed(t *testing.T) {
 		cancel()
 		<-done
 	}()
-	time.Sleep(50 * time.Millisecond) // some ticks pass while held
+	for range 5 { // some ticks pass while held
+		cfg.Signals.Ticked.WaitOrTimeout(t, "a held relay's tick")
+	}
 	if n := b.claims.Load(); n != 0 {
 		t.Fatalf("a held relay claimed %d times", n)
 	}
@@ -255,16 +259,10 @@ func TestHeldRelayClaimsNothingUntilResumed(t *testing.T) {
 		t.Fatalf("outbox %+v (%v), want the event pending", st, err)
 	}
 	r.Hold(false)
-	for {
+	cfg.Signals.Ticked.WaitUntil(t, "the resumed relay delivering the event", func() bool {
 		st, err := b.OutboxStats(ctx, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Delivered == 1 && st.Pending == 0 {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return err == nil && st.Delivered == 1 && st.Pending == 0
+	})
 	if r.Counts().Delivered != 1 {
 		t.Fatalf("counts %+v, want one delivered", r.Counts())
 	}

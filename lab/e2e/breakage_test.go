@@ -1,0 +1,370 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/redis"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
+)
+
+// TestFaults reproduces, from real runs, where each store holds and breaks.
+// Every case reads the ledger, not the report alone.
+func TestFaults(t *testing.T) {
+	a := labtest.Start(t, fullConfig(t))
+	cases := []struct {
+		name    string
+		store   lab.StoreName
+		query   string
+		charges func(n int) bool
+		want    string
+		verdict lab.Verdict
+	}{
+		{"RedisTTLShorterThanWork", redis.Name, "fault=slow&work_ms=300&ttl_ms=100&attempts=4", func(n int) bool { return n > 1 }, "> 1", lab.Breaks},
+		{"RedisTTLLongerThanWork", redis.Name, "fault=slow&work_ms=100&ttl_ms=1000&attempts=4", is(1), "1", lab.Holds},
+		{"RedisCrashAfterCharge", redis.Name, "fault=crash_after_charge&ttl_ms=300&attempts=3", is(2), "2", lab.Breaks},
+		{"PostgresCrashAfterCharge", postgres.Name, "fault=crash_after_charge&attempts=3", is(1), "1", lab.Holds},
+		{"MemoryCrashAfterCharge", memory.Name, "fault=crash_after_charge&attempts=3", is(2), "2", lab.Breaks},
+		{"RedisStoreRestart", redis.Name, "fault=store_restart&attempts=3", is(2), "2", lab.Breaks},
+		{"MemoryStoreRestart", memory.Name, "fault=store_restart&attempts=3", is(2), "2", lab.Breaks},
+		{"PostgresStoreRestart", postgres.Name, "fault=store_restart&attempts=3", is(1), "1", lab.Holds},
+		{"PostgresCrashAfterClaim", postgres.Name, "fault=crash_after_claim&attempts=3", is(1), "1", lab.Holds},
+		{"RedisCrashAfterClaim", redis.Name, "fault=crash_after_claim&ttl_ms=300&attempts=3", is(1), "1", lab.Holds},
+		{"MemoryCrashAfterClaim", memory.Name, "fault=crash_after_claim&attempts=3", is(1), "1", lab.Holds},
+		{"PostgresOutboxFail", postgres.Name, "fault=outbox_fail&attempts=3", is(1), "1", lab.Holds},
+		{"MemoryOutboxFail", memory.Name, "fault=outbox_fail&attempts=3", is(1), "1", lab.Holds},
+		{"RedisOutboxFail", redis.Name, "fault=outbox_fail&attempts=3", is(1), "1", lab.Holds},
+		{"UnsafeExpired", unsafestore.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
+		{"MemoryExpired", memory.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
+		{"RedisExpired", redis.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
+		{"PostgresExpired", postgres.Name, "fault=expired&window_ms=100&attempts=2", is(2), "2", lab.Breaks},
+		{"PostgresExpiredWithOrderID", postgres.Name, "fault=expired&window_ms=100&attempts=2&order_id=ord-1", is(1), "1", lab.Holds},
+		{"MemoryReused", memory.Name, "scenario=reused&attempts=3", is(1), "1", lab.Holds},
+		{"RedisReused", redis.Name, "scenario=reused&attempts=3", is(1), "1", lab.Holds},
+		{"PostgresReused", postgres.Name, "scenario=reused&attempts=3", is(1), "1", lab.Holds},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "k-" + tc.name
+			rep := labRun(t, a.URL(), tc.store, fmt.Sprintf("key=%s&%s", key, tc.query))
+			n := keyCharges(t, a, "acme", tc.store, key)
+			if !tc.charges(n) {
+				t.Fatalf("ledger holds %d charges, want %s; report: %v", n, tc.want, rep.Explanation)
+			}
+			if rep.Verdict != tc.verdict || rep.KeyCharges != n {
+				t.Fatalf("report says %v with %v charges; ledger %d, want %s", rep.Verdict, rep.KeyCharges, n, tc.verdict)
+			}
+			if rep.Explanation == "" || rep.ExpectedVerdict != tc.verdict {
+				t.Fatalf("explanation %q, expected verdict %v", rep.Explanation, rep.ExpectedVerdict)
+			}
+		})
+	}
+}
+
+func is(want int) func(int) bool { return func(n int) bool { return n == want } }
+
+// TestRunsAreJudgedByWhatTheyAdd: a run on a key with history is judged by
+// the charges it added, and a fault run on such a key says the fault had
+// nothing to act on instead of explaining a crash that never happened.
+func TestRunsAreJudgedByWhatTheyAdd(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, fullConfig(t))
+	if rep := labRun(t, a.URL(), memory.Name, "key=k-hist&fault=store_restart&attempts=2"); rep.Verdict != lab.Breaks {
+		t.Fatalf("store_restart: %v", rep.Verdict)
+	}
+	rep := labRun(t, a.URL(), memory.Name, "key=k-hist&attempts=5")
+	if rep.Verdict != lab.Holds || rep.ChargesApplied != 0 || rep.KeyCharges != 2 || rep.DuplicatesApplied != 0 {
+		t.Fatalf("plain run on a key with two old charges: %v %v/%v: %v", rep.Verdict, rep.ChargesApplied, rep.KeyCharges, rep.Reason)
+	}
+	if !strings.HasPrefix(rep.Explanation, "This key was charged before this run (2 charge(s)") || !strings.Contains(rep.Explanation, "5 replayed") {
+		t.Fatalf("the explanation does not say what the run saw: %q", rep.Explanation)
+	}
+	labRun(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
+	rep = labRun(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
+	if rep.Verdict != lab.Holds || rep.ChargesApplied != 0 || rep.KeyBefore != lab.KeyCompleted ||
+		!strings.Contains(rep.Explanation, "the run added nothing") {
+		t.Fatalf("fault run on a completed key: %v, %d added, key before %q: %v", rep.Verdict, rep.ChargesApplied, rep.KeyBefore, rep.Explanation)
+	}
+}
+
+// labRun fires a lab run and returns its report.
+func labRun(t *testing.T, base string, store lab.StoreName, query string) experiment.Report {
+	t.Helper()
+	route := "/charge-idempotent?store=" + string(store) + "&"
+	if store == unsafestore.Name {
+		route = "/charge-unsafe?"
+	}
+	r := labtest.Do(t, http.MethodGet, base+route+query, nil, "")
+	if r.Status != http.StatusOK {
+		t.Fatalf("run %s: %d %s", query, r.Status, r.Body)
+	}
+	var rep experiment.Report
+	if err := json.Unmarshal(r.Body, &rep); err != nil {
+		t.Fatalf("decoding the report of %s: %v", query, err)
+	}
+	return rep
+}
+
+func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
+	t.Parallel()
+	cfg := fullConfig(t)
+	cfg.InFlightWait = 100 * time.Millisecond // shorter than the claim TTL, so the client sees the 409s
+	a := labtest.Start(t, cfg)
+	rep := labRun(t, a.URL(), redis.Name, "key=k-stuck&fault=crash_after_claim&ttl_ms=1500&attempts=2")
+	if rep.KeyAfterFault != lab.KeyInFlight {
+		t.Fatalf("after the crash the claim is %v, want it stuck in flight", rep.KeyAfterFault)
+	}
+	retry := rep.Timeline[1].Tries
+	if first, last := retry[0], retry[len(retry)-1]; first.Status != http.StatusConflict || last.Status != http.StatusCreated {
+		t.Fatalf("retry tries %+v: want 409 until the TTL, then 201", retry)
+	}
+	if n := keyCharges(t, a, "acme", redis.Name, "k-stuck"); n != 1 {
+		t.Fatalf("ledger holds %d charges, want 1", n)
+	}
+}
+
+func TestOutboxFailureReports(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, fullConfig(t))
+	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name} {
+		rep := labRun(t, a.URL(), store, "key=k-ofail-"+string(store)+"&fault=outbox_fail&attempts=2")
+		if rep.KeyAfterFault != lab.KeyAbsent {
+			t.Errorf("%s: claim after the failed write is %v, want released", store, rep.KeyAfterFault)
+		}
+		if first := rep.Timeline[0].Tries[0]; first.Status != http.StatusServiceUnavailable || first.Code != "charge_failed" {
+			t.Errorf("%s: the faulted attempt got %+v", store, first)
+		}
+		if rep.ChargesApplied != 1 || rep.SideEffectsEmitted != 1 {
+			t.Errorf("%s: %v charges, %v effects; want 1 and 1", store, rep.ChargesApplied, rep.SideEffectsEmitted)
+		}
+		if last := rep.Timeline[1].Final(); last.Status != http.StatusCreated || last.Replayed {
+			t.Errorf("%s: the retry got %+v, want a fresh 201", store, last)
+		}
+	}
+	// Without an outbox the provider was called before the write failed:
+	// it captured a charge the ledger rolled back ("email sent, charge
+	// reverted"), and the retry charged and sent again.
+	rep := labRun(t, a.URL(), unsafestore.Name, "key=k-ofail-unsafe&fault=outbox_fail&attempts=2")
+	if rep.ChargesApplied != 1 || rep.ProviderCaptures != 2 || rep.CapturesWithoutCharge != 1 || rep.SideEffectTransport != "direct" {
+		t.Fatalf("unsafe: %v charges, %v captures at the provider, %v without a charge", rep.ChargesApplied, rep.ProviderCaptures, rep.CapturesWithoutCharge)
+	}
+}
+
+// TestMatrix runs the breakage matrix once and checks its verdicts against
+// the brief's lesson and its markdown against the README's copy.
+func TestMatrix(t *testing.T) {
+	cfg := fullConfig(t)
+	cfg.RedisPair = true // the failover row runs on two redis-server processes
+	a := labtest.Start(t, cfg)
+	// A key of the caller's own, charged before the matrix on every keyed
+	// store: the matrix's crashes and restarts must leave it alone.
+	mine := http.Header{"Authorization": {"Bearer demo-token-acme"}, "Idempotency-Key": {"mine-1"}}
+	const body = `{"account":"acct-1","amount_cents":2500}`
+	var keyed []lab.StoreName
+	for _, v := range variants.Builtin() {
+		if v.RequiresKey {
+			keyed = append(keyed, v.Name)
+			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store="+url.QueryEscape(string(v.Name)), mine, body); r.Status != http.StatusCreated {
+				t.Fatalf("%s: charging mine-1: %d %s", v.Name, r.Status, r.Body)
+			}
+		}
+	}
+	m, err := a.Service().Matrix(t.Context(), a.Public(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, store := range keyed {
+		r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store="+url.QueryEscape(string(store)), mine, body)
+		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("%s: mine-1 after the matrix: %d, replayed %q: the matrix forgot the caller's key", store, r.Status, r.Header.Get("Idempotent-Replayed"))
+		}
+		if n := keyCharges(t, a, "acme", store, "mine-1"); n != 1 {
+			t.Errorf("%s: mine-1 has %d charges after the matrix", store, n)
+		}
+	}
+	// Every cell stays in the caller's history, to be opened again.
+	runs := labtest.Decode[struct {
+		Runs []experiment.Report `json:"runs"`
+	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/runs?limit=100", nil, ""))
+	if got := len(runs.Runs); got != min(100, len(m.Rows)*len(m.Stores)) {
+		t.Errorf("the history lists %d runs after a matrix of %d cells", got, len(m.Rows)*len(m.Stores))
+	}
+	cell := m.Rows[len(m.Rows)-1].Cells[1]
+	if r := labtest.Do(t, http.MethodGet, a.URL()+"/lab/runs/"+cell.RunID, nil, ""); r.Status != http.StatusOK ||
+		len(labtest.Decode[experiment.Report](t, r).Timeline) != cell.Run.Attempts {
+		t.Errorf("opening cell run %s: %d %s", cell.RunID, r.Status, r.Body)
+	}
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if !c.Available {
+				t.Errorf("%s: store %s unavailable", row.Case.Name, c.Store)
+			}
+		}
+	}
+	if bad := m.Mismatches(); len(bad) > 0 {
+		t.Fatalf("verdicts differ from the lesson:\n%v", bad)
+	}
+	// Every verdict proven by the checker: each break a violation of the
+	// history or of the money, each hold linearizable, none unknown.
+	if bad := m.Disagreements(); len(bad) > 0 {
+		t.Errorf("the checker disagrees with the verdicts:\n%s", strings.Join(bad, "\n"))
+	}
+	// The lesson, cell by cell: the brief's table and the fault issue's
+	// acceptance list, written here rather than read from the code's own
+	// expectations.
+	const H, B = lab.Holds, lab.Breaks
+	want := map[string][7]lab.Verdict{ // unsafe, look-first, memory, redis, postgres, lease, redis+postgres
+		"retries":            {B, B, H, H, H, H, H},
+		"replicas":           {B, B, B, H, H, H, H},
+		"slow_short_ttl":     {B, B, H, B, H, H, H},
+		"slow_long_ttl":      {B, B, H, H, H, H, H},
+		"crash_after_claim":  {B, B, H, H, H, H, H},
+		"crash_after_charge": {B, B, B, B, H, H, H},
+		"outbox_fail":        {B, B, H, H, H, H, H},
+		"store_restart":      {B, B, B, B, H, H, H},
+		"expired":            {B, B, B, B, B, B, B},
+		"expired_order_id":   {H, H, H, H, H, H, H},
+		"stale_worker":       {B, B, H, B, H, H, H},
+		"failover":           {B, H, H, B, H, H, H},
+		"reused":             {B, H, H, H, H, H, H},
+		"tenants":            {B, B, H, H, H, H, H},
+	}
+	if len(m.Rows) != len(want) {
+		t.Fatalf("%d rows, want %d", len(m.Rows), len(want))
+	}
+	for _, row := range m.Rows {
+		for i, c := range row.Cells {
+			if w := want[row.Case.Name][i]; c.Verdict != w {
+				t.Errorf("%s/%s: %s, want %s (%d charges): %s", row.Case.Name, c.Store, c.Verdict, w, c.Charges, c.Explanation)
+			}
+		}
+	}
+	if m.WallMS > 60_000 {
+		t.Errorf("matrix took %.0f ms", m.WallMS)
+	}
+	checkReadmeMatrix(t, m)
+}
+
+// checkReadmeMatrix fails when the README's matrix no longer matches what
+// the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown -write`).
+func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
+	t.Helper()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "<!-- matrix:begin -->\n")
+	documented, _, ok2 := strings.Cut(rest, "<!-- matrix:end -->")
+	if !ok || !ok2 {
+		t.Fatal("README.md lacks the matrix markers")
+	}
+	var produced strings.Builder
+	if err := m.WriteMarkdown(&produced); err != nil {
+		t.Fatal(err)
+	}
+	if produced.String() != documented {
+		t.Fatalf("README's matrix differs from the lab's:\n--- README\n%s--- lab\n%s", documented, produced.String())
+	}
+}
+
+// TestInProcessReplicas gives the same verdicts as three real processes
+// (see cmd/lab's TestThreeProcesses): one charge per replica for memory.
+func TestInProcessReplicas(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, fullConfig(t))
+	for store, want := range map[lab.StoreName]struct {
+		charges int
+		verdict lab.Verdict
+	}{unsafestore.Name: {9, lab.Breaks}, memory.Name: {3, lab.Breaks}, redis.Name: {1, lab.Holds}, postgres.Name: {1, lab.Holds}} {
+		key := "k-replicas-" + string(store)
+		rep := labRun(t, a.URL(), store, "replicas=3&attempts=9&key="+key)
+		if n := keyCharges(t, a, "acme", store, key); n != want.charges || rep.Replicas != 3 || rep.Verdict != want.verdict {
+			t.Errorf("%s: ledger holds %d charges over %v replicas (%v), want %d (%s)", store, n, rep.Replicas, rep.Verdict, want.charges, want.verdict)
+		}
+		replicas := map[string]int{}
+		for _, at := range rep.Timeline {
+			replicas[at.Replica]++
+		}
+		if replicas["r1"] != 3 || replicas["r2"] != 3 || replicas["r3"] != 3 {
+			t.Errorf("%s: the timeline names replicas %v, want r1, r2 and r3 three times each", store, replicas)
+		}
+	}
+}
+
+// TestMatrixStreams: format=ndjson answers the layout at once, then each
+// cell as it is decided, counting up to the total, then the wall time; each
+// cell's charges are the ledger's for its run.
+func TestMatrixStreams(t *testing.T) {
+	t.Parallel()
+	cfg := labConfig()
+	cfg.Variants = slices.DeleteFunc(variants.Builtin(), func(v variant.Variant) bool { return v.Name != memory.Name && v.Name != unsafestore.Name })
+	a := labtest.Start(t, cfg)
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, a.URL()+"/lab/matrix?format=ndjson", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "application/x-ndjson" {
+		t.Fatalf("%d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	type line struct {
+		Stores []lab.StoreName   `json:"stores"`
+		Cases  []experiment.Case `json:"cases"`
+		Total  int               `json:"total"`
+		Done   int               `json:"done"`
+		Case   string            `json:"case"`
+		Cell   *experiment.Cell  `json:"cell"`
+		WallMS *float64          `json:"wall_ms"`
+		Error  *lab.Problem      `json:"error"`
+	}
+	dec := json.NewDecoder(resp.Body)
+	var first line
+	if err := dec.Decode(&first); err != nil {
+		t.Fatal(err)
+	}
+	if want := len(experiment.Cases()) * 2; first.Total != want || len(first.Stores) != 2 || len(first.Cases) != len(experiment.Cases()) {
+		t.Fatalf("layout %+v, want 2 stores and %d cells", first, want)
+	}
+	done := 0
+	for {
+		var l line
+		if err := dec.Decode(&l); err != nil {
+			t.Fatalf("after %d cells: %v", done, err)
+		}
+		if l.Error != nil {
+			t.Fatalf("the matrix stopped: %+v", l.Error)
+		}
+		if l.WallMS != nil {
+			break
+		}
+		done++
+		if l.Cell == nil || l.Done != done || l.Total != first.Total {
+			t.Fatalf("line %d: %+v", done, l)
+		}
+		if !l.Cell.Available {
+			continue
+		}
+		s, err := a.Books().RunStats(t.Context(), "acme", l.Cell.RunID)
+		if err != nil || s.Charges != l.Cell.Charges {
+			t.Errorf("%s/%s: the stream says %d charges, the ledger holds %d for run %s (%v)", l.Case, l.Cell.Store, l.Cell.Charges, s.Charges, l.Cell.RunID, err)
+		}
+	}
+	if done != first.Total {
+		t.Fatalf("%d cells streamed, want %d", done, first.Total)
+	}
+}

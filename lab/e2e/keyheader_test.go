@@ -1,0 +1,45 @@
+package e2e_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/memory"
+)
+
+// TestIdempotencyKeyHeader: the quoted form of the draft and the bare form
+// clients send name one key, the key is echoed back, and two fields are
+// refused with nothing charged.
+func TestIdempotencyKeyHeader(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, labConfig())
+	send := func(lines ...string) labtest.Reply {
+		h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Content-Type": {"application/json"}}
+		for _, l := range lines {
+			h.Add(lab.KeyHeader, l)
+		}
+		return labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500)
+	}
+	first := send(`"sf-1"`)
+	if first.Status != http.StatusCreated || first.Header.Get(lab.KeyHeader) != `"sf-1"` {
+		t.Fatalf("quoted: %d, echoed %q", first.Status, first.Header.Get(lab.KeyHeader))
+	}
+	again := send("sf-1")
+	if again.Header.Get("Idempotent-Replayed") != "true" || string(again.Body) != string(first.Body) {
+		t.Fatalf("bare form of the same key: %d, replayed %q", again.Status, again.Header.Get("Idempotent-Replayed"))
+	}
+	two := send("sf-2", "sf-3")
+	if p := labtest.Decode[lab.Problem](t, two); two.Status != http.StatusBadRequest || p.Param != lab.KeyHeader {
+		t.Fatalf("two fields: %d %s", two.Status, two.Body)
+	}
+	if n := keyCharges(t, a, "acme", memory.Name, "sf-1"); n != 1 {
+		t.Fatalf("sf-1 charged %d times, want 1", n)
+	}
+	for _, k := range []string{"sf-2", "sf-3", "sf-2, sf-3"} {
+		if n := keyCharges(t, a, "acme", memory.Name, k); n != 0 {
+			t.Fatalf("the refused request charged %q", k)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package testsignal_test
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idempotency-lab/lab/lab/testsignal"
+)
+
+// recorder is a test whose failure is noted instead of taken.
+type recorder struct{ failed string }
+
+func (r *recorder) Helper()                        {}
+func (r *recorder) Fatalf(format string, a ...any) { r.failed = fmt.Sprintf(format, a...) }
+
+// TestZeroSignalDoesNothing: the lab's own (zero) signals never block, and
+// a wait on one fails at once, naming what it waited for.
+func TestZeroSignalDoesNothing(t *testing.T) {
+	var s testsignal.Signal
+	for range 3 {
+		s.Signal()
+	}
+	var r recorder
+	s.WaitOrTimeout(&r, "the point")
+	if r.failed == "" {
+		t.Fatal("a wait on a signal no test armed did not fail")
+	}
+}
+
+// TestSignalsCoalesce: signals sent before a wait wake it once, and the
+// code never blocks however often it signals.
+func TestSignalsCoalesce(t *testing.T) {
+	s := testsignal.New()
+	for range 1000 {
+		s.Signal()
+	}
+	s.WaitOrTimeout(t, "the first signal")
+	done := make(chan struct{})
+	go func() {
+		s.Signal()
+		close(done)
+	}()
+	<-done
+	s.WaitOrTimeout(t, "a signal sent after the first wait")
+}
+
+// TestWaitUntil re-checks its condition on each signal, and returns
+// without waiting when it already holds.
+func TestWaitUntil(t *testing.T) {
+	s := testsignal.New()
+	s.WaitUntil(t, "a condition already true", func() bool { return true })
+	var n atomic.Int32
+	go func() {
+		for range 5 {
+			n.Add(1)
+			s.Signal()
+		}
+	}()
+	s.WaitUntil(t, "five steps", func() bool { return n.Load() == 5 })
+}
