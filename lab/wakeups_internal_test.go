@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -21,8 +22,15 @@ func (w *Wakeups) waitersOn(key string) int {
 // TestSettledWakesEveryWaiterOfThatKeyOnly parks waiters for an hour on two
 // keys: settling one key returns its waiters at once and leaves the other's
 // waiting; once every waiter is gone the map is empty.
+//
+// It runs in a synctest bubble: synctest.Wait returns once every waiter is
+// parked, so the test needs no polling to know they are.
 func TestSettledWakesEveryWaiterOfThatKeyOnly(t *testing.T) {
 	t.Parallel()
+	synctest.Test(t, settleOneKey)
+}
+
+func settleOneKey(t *testing.T) {
 	var w Wakeups
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -36,8 +44,9 @@ func TestSettledWakesEveryWaiterOfThatKeyOnly(t *testing.T) {
 			}
 		})
 	}
-	for w.waitersOn("a") != 3 || w.waitersOn("b") != 1 {
-		time.Sleep(time.Millisecond)
+	synctest.Wait()
+	if a, b := w.waitersOn("a"), w.waitersOn("b"); a != 3 || b != 1 {
+		t.Fatalf("%d waiters on a and %d on b, want 3 and 1", a, b)
 	}
 	w.Settled("a")
 	for range 3 {

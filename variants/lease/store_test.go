@@ -168,16 +168,12 @@ func TestTakeOverLosesToACompletion(t *testing.T) {
 	if op, err := s.Operation(ctx, owner.Scope); err != nil || op.State != lab.KeyInFlight || op.LeaseExpires.After(clock.Now()) {
 		t.Fatalf("the holder's operation %+v (%v): want it in flight, its lease over", op, err)
 	}
-	// waitFor must sleep between looks: a session blocked on a row lock is
-	// inside PostgreSQL, where no code of the store runs to signal it; only
-	// PostgreSQL's own lock table can tell, so the test reads it until then.
+	// waitFor reads PostgreSQL's lock table until it shows what it waits
+	// for: a session blocked on a row lock is inside PostgreSQL, where no
+	// code of the store runs to signal it.
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("never: %s", what)
-			}
-		}
+		labtest.Eventually(t, what, ok)
 	}
 	tx, err := pool.Begin(ctx)
 	if err != nil {
