@@ -115,12 +115,12 @@ type Deps struct {
 	// replica that runs no relay.
 	RelayCounts func() relay.Counts
 	// Provider is the payment provider, read for its own records.
-	Provider Provider
+	Provider ProviderRecords
 }
 
-// Provider is what the lab routes read and reset of the payment provider:
+// ProviderRecords is what the lab routes read and reset of the payment provider:
 // its own records, the ground truth of what left the lab.
-type Provider interface {
+type ProviderRecords interface {
 	Stats(ctx context.Context, f provider.Filter) (provider.StatsReport, error)
 	Captures(ctx context.Context, f provider.Filter) ([]provider.Capture, error)
 	Reset(ctx context.Context, ns string) error

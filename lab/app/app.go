@@ -43,7 +43,7 @@ type Books interface {
 	lab.CaptureRecorder
 	relay.Outbox
 	api.Books
-	experiment.Books
+	experiment.GroundTruth
 }
 
 // App is a running lab.
@@ -66,7 +66,7 @@ type App struct {
 
 	secret         []byte           // signs and verifies the provider's webhooks
 	providerClient *provider.Client // the payment provider, over HTTP
-	effects        *delivery.Provider
+	effects        *delivery.Courier
 	relay          *relay.Relay
 	// relayOutbox is the outbox as the relay reads it: the books on a pool
 	// of the background's own when PostgreSQL is configured.

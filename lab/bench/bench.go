@@ -24,9 +24,9 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// Books is what the bench reads of the ledger: the charges a run made,
+// Ledger is what the bench reads of the ledger: the charges a run made,
 // listed and counted, the charges under one key, and the outbox.
-type Books interface {
+type Ledger interface {
 	// OpenRun registers a phase's run in the bench's namespace, as every run
 	// is before its charges carry it.
 	OpenRun(ctx context.Context, ns lab.Namespace, run string) error
@@ -45,7 +45,7 @@ type Lab struct {
 	// Targets returns n replicas' base URLs (the primary first), starting
 	// in-process replicas as needed.
 	Targets func(ctx context.Context, n int) ([]string, error)
-	Books   Books
+	Books   Ledger
 	// QueuedWebhooks, when set, says how many webhook jobs the provider has
 	// still to send: the lab answers each, so a phase waits for them too.
 	QueuedWebhooks func(ctx context.Context) (int64, error)

@@ -14,23 +14,23 @@ import (
 	"github.com/idempotency-lab/lab/lab/provider"
 )
 
-// Provider delivers effects through a provider client.
-type Provider struct {
+// Courier carries effects to the provider through its client.
+type Courier struct {
 	client   *provider.Client
 	captures lab.CaptureRecorder
 }
 
 // New returns a delivery through client that records each capture the
 // provider answers in captures: the webhooks about it are matched with it.
-func New(client *provider.Client, captures lab.CaptureRecorder) *Provider {
-	return &Provider{client: client, captures: captures}
+func New(client *provider.Client, captures lab.CaptureRecorder) *Courier {
+	return &Courier{client: client, captures: captures}
 }
 
 // Deliver captures the event's charge and sends its receipt; it reports
 // whether the provider had the receipt already. Any failure leaves the
 // event to be delivered again, which the provider deduplicates: by the
 // capture's key when it is derived from the charge, and by the event id.
-func (p *Provider) Deliver(ctx context.Context, e lab.Event) (bool, error) {
+func (p *Courier) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	d := e.Effects()
 	key := lab.DerivedCaptureKey(e.ChargeID)
 	if d.CaptureKey == lab.CaptureKeyRandom {
@@ -41,7 +41,7 @@ func (p *Provider) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 
 // SendDirect captures and sends the receipt at once, outside any
 // transaction, with a key of its own: what a design without an outbox does.
-func (p *Provider) SendDirect(ctx context.Context, e lab.Event) error {
+func (p *Courier) SendDirect(ctx context.Context, e lab.Event) error {
 	_, err := p.send(ctx, e, "direct_"+uuid.NewString(), "direct")
 	return err
 }
@@ -49,7 +49,7 @@ func (p *Provider) SendDirect(ctx context.Context, e lab.Event) error {
 // send captures, records the capture the provider answered (a failure
 // leaves the event to be delivered again, which replays the capture), then
 // sends the receipt.
-func (p *Provider) send(ctx context.Context, e lab.Event, key, via string) (bool, error) {
+func (p *Courier) send(ctx context.Context, e lab.Event, key, via string) (bool, error) {
 	d := e.Effects()
 	c, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
 		ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,

@@ -58,8 +58,8 @@ type Spec struct {
 	Confine string
 }
 
-// Books are the figures a run is judged by: the ledger and the outbox.
-type Books interface {
+// GroundTruth is what a run is judged by: the ledger and the outbox.
+type GroundTruth interface {
 	// OpenRun registers a run in its namespace before its attempts carry it
 	// (Lab-Run), so a charge of another namespace can never join it.
 	OpenRun(ctx context.Context, ns lab.Namespace, run string) error
@@ -82,15 +82,15 @@ type Books interface {
 // does (a store restart included) stays in that tenant's namespace.
 type Runner struct {
 	Client   *http.Client
-	Books    Books
-	Provider Provider
+	Books    GroundTruth
+	Provider ProviderRecords
 	Variants *variant.Registry
 	Now      lab.Clock
 }
 
-// Provider is what a run reads of the payment provider: its own records of
+// ProviderRecords is what a run reads of the payment provider: its own records of
 // what the run's effects did there.
-type Provider interface {
+type ProviderRecords interface {
 	Stats(ctx context.Context, f provider.Filter) (provider.StatsReport, error)
 	Captures(ctx context.Context, f provider.Filter) ([]provider.Capture, error)
 	SetFaults(ctx context.Context, ns string, f provider.Faults) error

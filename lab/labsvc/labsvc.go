@@ -64,13 +64,14 @@ type Replicas interface {
 	ResetOthers(ctx context.Context, ns lab.Namespace, credentials string) error
 }
 
-// Books is what a reset deletes of the ledger, the outbox and the runs.
-type Books interface {
+// Erasable is what a reset deletes in the books: a namespace's ledger,
+// outbox, webhooks and runs.
+type Erasable interface {
 	Reset(ctx context.Context, ns lab.Namespace) error
 }
 
-// Provider is what a reset deletes of the payment provider's records.
-type Provider interface {
+// ProviderRecords is what a reset deletes of the payment provider's records.
+type ProviderRecords interface {
 	Reset(ctx context.Context, ns string) error
 }
 
@@ -78,8 +79,8 @@ type Provider interface {
 // required but Unavailable.
 type Config struct {
 	Runner      *experiment.Runner
-	Books       Books
-	Provider    Provider
+	Books       Erasable
+	Provider    ProviderRecords
 	Variants    *variant.Registry
 	Stores      map[lab.StoreName]lab.Store // this replica's, one per available variant
 	Unavailable map[lab.StoreName]string    // variant -> how to enable it

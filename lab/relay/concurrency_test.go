@@ -15,7 +15,7 @@ import (
 // then lets them all through to the real provider: it answers only if the
 // relay truly delivers a batch concurrently.
 type gathering struct {
-	relay.Provider
+	relay.Receiver
 	width int
 
 	mu      sync.Mutex
@@ -37,7 +37,7 @@ func (g *gathering) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	case <-ctx.Done():
 		return false, ctx.Err()
 	}
-	return g.Provider.Deliver(ctx, e)
+	return g.Receiver.Deliver(ctx, e)
 }
 
 // TestABatchIsDeliveredConcurrently: one worker's batch of eight events is
@@ -53,7 +53,7 @@ func TestABatchIsDeliveredConcurrently(t *testing.T) {
 			for i := range 8 {
 				chargeCents(t, b, c, fmt.Sprintf("k-%s-%d", name, i), 100)
 			}
-			g := &gathering{Provider: recv, width: 8, all: make(chan struct{})}
+			g := &gathering{Receiver: recv, width: 8, all: make(chan struct{})}
 			cfg := relay.Defaults()
 			cfg.Concurrency = 8
 			r := newRelayWith(t, b, g, c, cfg)

@@ -16,15 +16,15 @@ import (
 // counting passes deliveries to the provider and records, per event id, how
 // many it made and whether two of them were ever in flight at once.
 type counting struct {
-	relay.Provider
+	relay.Receiver
 	mu         sync.Mutex
 	deliveries map[string]int
 	inFlight   map[string]int
 	overlaps   int
 }
 
-func newCounting(p relay.Provider) *counting {
-	return &counting{Provider: p, deliveries: map[string]int{}, inFlight: map[string]int{}}
+func newCounting(p relay.Receiver) *counting {
+	return &counting{Receiver: p, deliveries: map[string]int{}, inFlight: map[string]int{}}
 }
 
 func (p *counting) Deliver(ctx context.Context, e lab.Event) (bool, error) {
@@ -44,7 +44,7 @@ func (p *counting) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	// second worker, were the claim not fenced, would overlap it. The
 	// duration is what is simulated, not a wait for the test.
 	time.Sleep(50 * time.Microsecond)
-	return p.Provider.Deliver(ctx, e)
+	return p.Receiver.Deliver(ctx, e)
 }
 
 func (p *counting) count(id string) int {
@@ -56,13 +56,13 @@ func (p *counting) count(id string) int {
 // stalling delivers, then hangs until released: a worker killed (or
 // paused) between the delivery and its completion.
 type stalling struct {
-	relay.Provider
+	relay.Receiver
 	delivered chan lab.Event
 	release   chan struct{}
 }
 
 func (p *stalling) Deliver(ctx context.Context, e lab.Event) (bool, error) {
-	dup, err := p.Provider.Deliver(ctx, e)
+	dup, err := p.Receiver.Deliver(ctx, e)
 	p.delivered <- e
 	<-p.release
 	return dup, err
@@ -79,7 +79,7 @@ func TestLateWorkerIsFenced(t *testing.T) {
 			ctx := t.Context()
 			ev := charge(t, b, c, "k-late")
 			rec := newCounting(rcv)
-			stall := &stalling{Provider: rec, delivered: make(chan lab.Event, 1), release: make(chan struct{})}
+			stall := &stalling{Receiver: rec, delivered: make(chan lab.Event, 1), release: make(chan struct{})}
 			late, other := newRelay(t, b, stall, c, 8), newRelay(t, b, rec, c, 8)
 
 			type result struct {
@@ -264,7 +264,7 @@ func TestRequeue(t *testing.T) {
 			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			ev := charge(t, b, c, "k-requeue")
-			p := &flaky{Provider: rcv}
+			p := &flaky{Receiver: rcv}
 			p.failures.Store(2)
 			r := newRelay(t, b, p, c, 2)
 			for range 2 {
@@ -320,7 +320,7 @@ func TestBackoffIsCappedWithJitter(t *testing.T) {
 			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			charge(t, b, c, "k-backoff")
-			p := &flaky{Provider: rcv}
+			p := &flaky{Receiver: rcv}
 			p.failures.Store(1000)
 			cfg := relay.Defaults()
 			cfg.MaxAttempts, cfg.BaseBackoff, cfg.MaxBackoff = 20, 100*time.Millisecond, time.Second

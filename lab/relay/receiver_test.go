@@ -14,7 +14,7 @@ import (
 // memory, and the delivery the relay makes to it, which records each
 // capture in the books.
 type receiver struct {
-	*delivery.Provider
+	*delivery.Courier
 	records  *provider.Memory
 	provider *provider.Provider
 }
@@ -22,7 +22,7 @@ type receiver struct {
 func newReceiver(t *testing.T, books lab.CaptureRecorder) *receiver {
 	t.Helper()
 	ps := labtest.StartProvider(t)
-	return &receiver{Provider: delivery.New(ps.Client, books), records: ps.Records, provider: ps.Provider}
+	return &receiver{Courier: delivery.New(ps.Client, books), records: ps.Records, provider: ps.Provider}
 }
 
 // receipts counts a run's distinct receipts and their deliveries at the

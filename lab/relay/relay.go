@@ -31,9 +31,9 @@ type Outbox interface {
 	MarkFailed(ctx context.Context, id, token string, next time.Time, dead bool, reason string) error
 }
 
-// Provider receives events; it deduplicates by event id, as a well-behaved
+// Receiver receives events; it deduplicates by event id, as a well-behaved
 // downstream does, and reports whether a delivery was a duplicate.
-type Provider interface {
+type Receiver interface {
 	Deliver(ctx context.Context, e lab.Event) (duplicate bool, err error)
 }
 
@@ -73,7 +73,7 @@ func (s Settings) Validate() error {
 // Config configures a Relay. Every field is required.
 type Config struct {
 	Outbox   Outbox
-	Provider Provider
+	Provider Receiver
 	Clock    lab.Clock
 	Logger   *slog.Logger
 	Settings

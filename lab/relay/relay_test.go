@@ -28,7 +28,7 @@ type books interface {
 
 // flaky fails the first n deliveries, then passes them to the books.
 type flaky struct {
-	relay.Provider
+	relay.Receiver
 	failures atomic.Int32
 }
 
@@ -36,7 +36,7 @@ func (f *flaky) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	if f.failures.Add(-1) >= 0 {
 		return false, errors.New("provider unavailable")
 	}
-	return f.Provider.Deliver(ctx, e)
+	return f.Receiver.Deliver(ctx, e)
 }
 
 // setup returns both kinds of books on one hand-moved clock.
@@ -52,7 +52,7 @@ func setup(t *testing.T) (map[string]books, *labtest.Clock) {
 	return map[string]books{"memory": inmem.NewBooks(c.Now), "postgres": pgdb.NewBooks(pool, c.Now)}, c
 }
 
-func newRelay(t *testing.T, b books, p relay.Provider, c *labtest.Clock, maxAttempts int) *relay.Relay {
+func newRelay(t *testing.T, b books, p relay.Receiver, c *labtest.Clock, maxAttempts int) *relay.Relay {
 	t.Helper()
 	cfg := relay.Defaults()
 	cfg.MaxAttempts = maxAttempts
@@ -60,7 +60,7 @@ func newRelay(t *testing.T, b books, p relay.Provider, c *labtest.Clock, maxAtte
 }
 
 // newRelayWith returns a relay on cfg's settings.
-func newRelayWith(t *testing.T, b books, p relay.Provider, c *labtest.Clock, cfg relay.Config) *relay.Relay {
+func newRelayWith(t *testing.T, b books, p relay.Receiver, c *labtest.Clock, cfg relay.Config) *relay.Relay {
 	t.Helper()
 	cfg.Outbox, cfg.Provider, cfg.Clock, cfg.Logger = b, p, c.Now, slog.New(slog.DiscardHandler)
 	r, err := relay.New(cfg)
@@ -95,7 +95,7 @@ func TestRelayRetriesThenDelivers(t *testing.T) {
 			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			charge(t, b, c, "k1")
-			p := &flaky{Provider: rcv}
+			p := &flaky{Receiver: rcv}
 			p.failures.Store(2)
 			r := newRelay(t, b, p, c, 8)
 			for tick := range 3 {
@@ -130,7 +130,7 @@ func TestRelayGivesUpVisibly(t *testing.T) {
 			rcv := newReceiver(t, b)
 			ctx := t.Context()
 			charge(t, b, c, "k-dead")
-			p := &flaky{Provider: rcv}
+			p := &flaky{Receiver: rcv}
 			p.failures.Store(1000)
 			r := newRelay(t, b, p, c, 3)
 			for range 3 {

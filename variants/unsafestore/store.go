@@ -16,21 +16,22 @@ import (
 // Name is the variant's name in the lab.
 const Name lab.StoreName = "unsafe"
 
-// Books is what the store charges and sends receipts with.
-type Books interface {
+// Ledger is the ledger the store charges and the provider it calls
+// inline, one value.
+type Ledger interface {
 	lab.Ledger
 	lab.DirectSender
 }
 
 // Store charges every attempt.
 type Store struct {
-	books Books
+	books Ledger
 	now   lab.Clock
 	log   *slog.Logger
 }
 
 // New returns the unsafe store.
-func New(books Books, now lab.Clock, log *slog.Logger) (*Store, error) {
+func New(books Ledger, now lab.Clock, log *slog.Logger) (*Store, error) {
 	if books == nil || now == nil || log == nil {
 		return nil, errors.New("unsafestore: books, clock and logger are required")
 	}
