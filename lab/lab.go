@@ -222,7 +222,7 @@ type KeyTally struct {
 	Charges    int
 	Cents      int64    // all of them
 	FirstCents int64    // the first one, the only one that was wanted
-	IDs        []string // the charges' ids, in commit order
+	IDs        []string // the charges' ids, oldest first
 }
 
 // AccountMoney is one account's money read in one snapshot: the balance the

@@ -8,7 +8,6 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab/experiment"
-	"github.com/idempotency-lab/lab/lab/history"
 )
 
 // findRun is one of the caller's recent runs on this replica, by its id.
@@ -43,15 +42,21 @@ func (s *Server) runHistory(c echo.Context) error {
 // runHistoryPage draws a run's history as porcupine's visualization, with
 // the fault events and the ledger reads: one self-contained page.
 func (s *Server) runHistoryPage(c echo.Context) error {
-	r, err := s.findRun(c)
+	if _, err := s.findRun(c); err != nil {
+		return err // not the caller's, or gone: say which as the run route does
+	}
+	who, err := s.who(c.Request(), true)
 	if err != nil {
 		return err
 	}
-	var b bytes.Buffer
-	if err := history.Check(r.History, history.DefaultTimeout).WriteHTML(&b); err != nil {
+	page, found, err := s.deps.Service.Picture(who.view(), c.Param("id"))
+	switch {
+	case err != nil:
 		return err
+	case !found:
+		return problem(http.StatusNotFound, "run_not_found", "Run not found", "the run is gone from this replica's recent runs")
 	}
 	// The picture's script and style are inline; it may load nothing else.
 	c.Response().Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
-	return c.HTMLBlob(http.StatusOK, b.Bytes())
+	return c.HTMLBlob(http.StatusOK, page)
 }

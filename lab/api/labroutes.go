@@ -27,9 +27,9 @@ import (
 const (
 	freshKey        = "fresh" // key=fresh: a new key for this run
 	defaultKey      = "order-4711"
-	defaultAccount  = "acct-1"
+	defaultAccount  = labsvc.DefaultAccount
 	defaultAttempts = 5
-	defaultAmount   = 2500
+	defaultAmount   = labsvc.DefaultAmount
 	defaultLimit    = 20
 	defaultTTLms    = 1000 // redis claim TTL of lab runs; each fault's own defaults are in lab.FaultSpecs
 )

@@ -62,8 +62,6 @@ type Books interface {
 	// pending, due now with its attempts reset. It fails with
 	// lab.ErrEventNotFound, lab.ErrEventDelivered or lab.ErrEventInFlight.
 	Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error)
-	// Reset deletes the namespace's rows of the lab's own tables, and nothing else.
-	Reset(ctx context.Context, ns lab.Namespace) error
 	// ApplyWebhook processes one verified provider event (once per event
 	// id, in one transaction); lab.ErrUnknownCharge when the ledger does
 	// not hold its charge.
@@ -118,12 +116,11 @@ type Deps struct {
 	Provider ProviderRecords
 }
 
-// ProviderRecords is what the lab routes read and reset of the payment provider:
+// ProviderRecords is what the lab routes read of the payment provider:
 // its own records, the ground truth of what left the lab.
 type ProviderRecords interface {
 	Stats(ctx context.Context, f provider.Filter) (provider.StatsReport, error)
 	Captures(ctx context.Context, f provider.Filter) ([]provider.Capture, error)
-	Reset(ctx context.Context, ns string) error
 }
 
 // Server is one replica's HTTP server.

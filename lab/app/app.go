@@ -44,6 +44,7 @@ type Books interface {
 	relay.Outbox
 	api.Books
 	experiment.GroundTruth
+	labsvc.Erasable
 }
 
 // App is a running lab.
@@ -140,8 +141,13 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	for token, tenant := range cfg.Tenants {
-		if tenant == cfg.PublicTenant {
-			a.public = tenants.Identity{Tenant: tenant, Namespace: lab.Namespace(tenant), Token: token}
+		if tenant != cfg.PublicTenant {
+			continue
+		}
+		// The directory decides a token's namespace, the public one's too.
+		if a.public, _, err = a.directory.Resolve(ctx, token); err != nil {
+			a.closeAll()
+			return nil, fmt.Errorf("error resolving the public tenant: %w", err)
 		}
 	}
 	// The primary listens first: the provider's webhooks come back to it.
@@ -232,9 +238,6 @@ func (a *App) StorePools() []*pgdb.Pool {
 	return append([]*pgdb.Pool(nil), a.budgeted...)
 }
 
-// Server is the primary replica's server.
-func (a *App) Server() *api.Server { return a.replicas.all()[0].server }
-
 // Service is the primary replica's use cases: runs, the matrices, the run
 // history, resets (for commands and tests that run them without HTTP).
 func (a *App) Service() *labsvc.Service { return a.replicas.all()[0].service }
@@ -308,7 +311,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		relayCounts = a.relay.Counts
 	}
 	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
-		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Window: a.cfg.Window})
+		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window})
 	if err != nil {
 		return nil, err
 	}

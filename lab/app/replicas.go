@@ -45,7 +45,11 @@ func (s *replicaSet) all() []*replica {
 // in-process replicas started on loopback ports as needed.
 func (s *replicaSet) Targets(ctx context.Context, n int) ([]string, error) {
 	base := strings.TrimSuffix(s.basePath, "/")
-	urls := []string{s.all()[0].url + base}
+	all := s.all()
+	if len(all) == 0 {
+		return nil, fmt.Errorf("%w: the lab is still starting", lab.ErrStoreUnavailable)
+	}
+	urls := []string{all[0].url + base}
 	if len(s.peers) > 0 {
 		if n > 1+len(s.peers) {
 			return nil, lab.Invalid("replicas", "must be in 1..%d: this cluster has %d peer(s)", 1+len(s.peers), len(s.peers))
@@ -86,12 +90,15 @@ func (s *replicaSet) MaxReplicas() int {
 // PairUnavailable says why the failover fault cannot run ("" when it can).
 func (s *replicaSet) PairUnavailable() string { return s.failover.Unavailable() }
 
-// ResetOthers makes every replica but the primary forget a namespace's
-// keys and runs ("" for every namespace): in-process replicas are told the
+// ResetOthers makes every replica but self forget a namespace's keys and
+// runs ("" for every namespace): in-process replicas are told the
 // namespace; peers are asked through their own /reset-lab with the
 // caller's credentials, which their API resolves for itself.
-func (s *replicaSet) ResetOthers(ctx context.Context, ns lab.Namespace, credentials string) error {
-	for _, r := range s.all()[1:] {
+func (s *replicaSet) ResetOthers(ctx context.Context, self string, ns lab.Namespace, credentials string) error {
+	for _, r := range s.all() {
+		if r.name == self {
+			continue
+		}
 		if err := r.service.ResetLocal(ctx, ns); err != nil {
 			return fmt.Errorf("error resetting replica %s: %w", r.name, err)
 		}

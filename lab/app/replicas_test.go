@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -70,10 +71,10 @@ func TestResetReachesTheOtherReplicas(t *testing.T) {
 	set.primary = replicaWith(t, "r1", first, set)
 	set.extra = []*replica{replicaWith(t, "r2", second, set)}
 
-	if err := set.ResetOthers(t.Context(), "acme~3", "Bearer tok"); err != nil {
+	if err := set.ResetOthers(t.Context(), "r1", "acme~3", "Bearer tok"); err != nil {
 		t.Fatal(err)
 	}
-	if err := set.ResetOthers(t.Context(), "", "Bearer admin"); err != nil {
+	if err := set.ResetOthers(t.Context(), "r1", "", "Bearer admin"); err != nil {
 		t.Fatal(err)
 	}
 	if len(first.forgot) != 0 {
@@ -85,6 +86,13 @@ func TestResetReachesTheOtherReplicas(t *testing.T) {
 	want := []string{"POST /reset-lab?local=true&all=false Bearer tok", "POST /reset-lab?local=true&all=true Bearer admin"}
 	if len(asked) != 2 || asked[0] != want[0] || asked[1] != want[1] {
 		t.Errorf("the peer was asked %q, want %q", asked, want)
+	}
+	// Asked of r2, the set reaches the primary, and not r2 again.
+	if err := set.ResetOthers(t.Context(), "r2", "globex", "Bearer g"); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(first.forgot) != "[globex]" || len(second.forgot) != 2 {
+		t.Errorf("a reset asked of r2: r1 forgot %v, r2 %v", first.forgot, second.forgot)
 	}
 	if set.MaxReplicas() != 2 || set.PairUnavailable() != "no pair here" {
 		t.Errorf("a cluster of one peer: %d replicas, pair %q", set.MaxReplicas(), set.PairUnavailable())

@@ -68,6 +68,9 @@ func (f *Front) runOnAnyReplica(next echo.HandlerFunc) echo.HandlerFunc {
 			}
 			resp, err := f.runs.Do(req)
 			if err != nil {
+				if r.Context().Err() != nil {
+					return r.Context().Err() // the client left: nobody to answer
+				}
 				f.log.Warn("asking a replica for a run", "replica", t.Name, "err", err)
 				continue
 			}
@@ -75,8 +78,8 @@ func (f *Front) runOnAnyReplica(next echo.HandlerFunc) echo.HandlerFunc {
 				last.Body.Close()
 			}
 			last = resp
-			if resp.StatusCode != http.StatusNotFound {
-				break
+			if resp.StatusCode != http.StatusNotFound && resp.StatusCode < 500 {
+				break // this replica has it (or says why not): ask no other
 			}
 		}
 		if last == nil {

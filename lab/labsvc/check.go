@@ -26,6 +26,10 @@ func (s *Service) CheckDesign(ctx context.Context, id tenants.Identity, store la
 	if _, err := s.Store(store); err != nil {
 		return grade.Report{}, err
 	}
+	second := id.Second() // the namespace's other tenant, for the case that holds keys per client
+	if second.Tenant == id.Tenant {
+		return grade.Report{}, lab.Invalid("Authorization", "a check runs as a namespace's first tenant; this token is its second")
+	}
 	s.mu.Lock()
 	if s.checking[id.Namespace] {
 		s.mu.Unlock()
@@ -44,7 +48,7 @@ func (s *Service) CheckDesign(ctx context.Context, id tenants.Identity, store la
 	}
 	cfg := grade.Config{
 		Target: targets[0] + "/charges?store=" + url.QueryEscape(string(store)),
-		Token:  id.Token, Token2: id.Second().Token, ReplayHeader: "Idempotent-Replayed",
+		Token:  id.Token, Token2: second.Token, ReplayHeader: "Idempotent-Replayed",
 		// The ledger's charges under a key: what shows a second charge no
 		// answer names.
 		ReadBack:    targets[0] + "/charges?store=" + url.QueryEscape(string(store)) + "&key={key}",

@@ -7,6 +7,7 @@
 package labsvc
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/history"
 	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -57,11 +59,11 @@ type Replicas interface {
 	MaxReplicas() int
 	// PairUnavailable says why the failover fault cannot run ("" when it can).
 	PairUnavailable() string
-	// ResetOthers makes every other replica forget a namespace's keys and
-	// runs ("" for every namespace): in-process replicas are told the
+	// ResetOthers makes every replica but self forget a namespace's keys
+	// and runs ("" for every namespace): in-process replicas are told the
 	// namespace; peer processes (cluster mode) are asked with the caller's
 	// credentials, which their own API resolves.
-	ResetOthers(ctx context.Context, ns lab.Namespace, credentials string) error
+	ResetOthers(ctx context.Context, self string, ns lab.Namespace, credentials string) error
 }
 
 // Erasable is what a reset deletes in the books: a namespace's ledger,
@@ -85,6 +87,7 @@ type Config struct {
 	Stores      map[lab.StoreName]lab.Store // this replica's, one per available variant
 	Unavailable map[lab.StoreName]string    // variant -> how to enable it
 	Replicas    Replicas
+	Replica     string        // this replica's name, among Replicas
 	Window      time.Duration // the dedupe window, reported by runs
 }
 
@@ -99,6 +102,7 @@ type Service struct {
 	// or checking a design, here.
 	effects  map[lab.Namespace]bool
 	checking map[lab.Namespace]bool
+	pictures map[string][]byte // run id -> its history's picture, drawn once
 }
 
 // New returns a replica's use cases.
@@ -107,7 +111,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("labsvc: runner, books, provider, variants and replicas are required")
 	}
 	return &Service{cfg: cfg, runs: map[lab.Namespace][]experiment.Report{}, slow: map[lab.Namespace]int{},
-		effects: map[lab.Namespace]bool{}, checking: map[lab.Namespace]bool{}}, nil
+		effects: map[lab.Namespace]bool{}, checking: map[lab.Namespace]bool{}, pictures: map[string][]byte{}}, nil
 }
 
 // Replicas are the replicas this service's runs reach.
@@ -337,8 +341,39 @@ func (s *Service) Reset(ctx context.Context, ns lab.Namespace, credentials strin
 	if err := s.cfg.Provider.Reset(ctx, string(ns)); err != nil {
 		return fmt.Errorf("error resetting the provider's records: %w", err)
 	}
-	if err := s.cfg.Replicas.ResetOthers(ctx, ns, credentials); err != nil {
+	if err := s.cfg.Replicas.ResetOthers(ctx, s.cfg.Replica, ns, credentials); err != nil {
 		return fmt.Errorf("error resetting the other replicas: %w", err)
 	}
 	return nil
+}
+
+// maxPictures bounds the pictures kept: past it they are drawn afresh.
+const maxPictures = 256
+
+// Picture is one of view's recent runs drawn as its history's picture
+// (porcupine's visualization, one self-contained page). A run's picture is
+// drawn once and kept: drawing searches the run's orders again, which no
+// caller should be able to repeat at will on a shared lab.
+func (s *Service) Picture(view lab.Namespace, id string) ([]byte, bool, error) {
+	r, ok := s.FindRun(view, id)
+	if !ok {
+		return nil, false, nil
+	}
+	s.mu.Lock()
+	page, drawn := s.pictures[id]
+	s.mu.Unlock()
+	if drawn {
+		return page, true, nil
+	}
+	var b bytes.Buffer
+	if err := history.Check(r.History, history.DefaultTimeout).WriteHTML(&b); err != nil {
+		return nil, true, err
+	}
+	s.mu.Lock()
+	if len(s.pictures) >= maxPictures {
+		clear(s.pictures)
+	}
+	s.pictures[id] = b.Bytes()
+	s.mu.Unlock()
+	return b.Bytes(), true, nil
 }

@@ -37,8 +37,8 @@ type replicas struct {
 func (r replicas) Targets(context.Context, int) ([]string, error) { return []string{"http://r1"}, nil }
 func (r replicas) MaxReplicas() int                               { return r.max }
 func (r replicas) PairUnavailable() string                        { return "" }
-func (r replicas) ResetOthers(_ context.Context, ns lab.Namespace, creds string) error {
-	r.c.log = append(r.c.log, fmt.Sprintf("others %s %s", ns, creds))
+func (r replicas) ResetOthers(_ context.Context, self string, ns lab.Namespace, creds string) error {
+	r.c.log = append(r.c.log, fmt.Sprintf("others but %s: %s %s", self, ns, creds))
 	return nil
 }
 
@@ -62,7 +62,7 @@ func service(t *testing.T, max int) (*Service, *calls, *forgetful) {
 		t.Fatal(err)
 	}
 	s, err := New(Config{Runner: &experiment.Runner{}, Books: c, Provider: provider{c}, Variants: reg,
-		Stores: map[lab.StoreName]lab.Store{"toy": st}, Replicas: replicas{c, max}})
+		Stores: map[lab.StoreName]lab.Store{"toy": st}, Replicas: replicas{c, max}, Replica: "r1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestResetReachesEverything(t *testing.T) {
 	if err := s.Reset(t.Context(), "acme", "Bearer tok"); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"books acme", "provider acme", "others acme Bearer tok"}
+	want := []string{"books acme", "provider acme", "others but r1: acme Bearer tok"}
 	if fmt.Sprint(c.log) != fmt.Sprint(want) || fmt.Sprint(st.reset) != "[acme]" {
 		t.Errorf("reset asked %v and the store %v, want %v and [acme]", c.log, st.reset, want)
 	}

@@ -185,7 +185,14 @@ func (r *Relay) Tick(ctx context.Context) (int, error) {
 	)
 	slots := make(chan struct{}, r.cfg.Concurrency)
 	for _, ev := range events {
-		slots <- struct{}{}
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			// Stopping: the events not started stay claimed until their
+			// lease ends, then are delivered again.
+			wg.Wait()
+			return delivered, errors.Join(append(errs, ctx.Err())...)
+		}
 		wg.Go(func() {
 			defer func() { <-slots }()
 			ok, err := r.deliver(ctx, ev)

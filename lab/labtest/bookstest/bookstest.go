@@ -191,7 +191,7 @@ func duplicatesAreCountedPerOperation(t *testing.T, e *env) {
 	e.apply(t, e.charge(globex, "k1", "", 999)) // another namespace's
 	if k, err := e.b.KeyCharges(ctx, "acme", "memory", "k1"); err != nil || k.Charges != 2 || k.Cents != 350 || k.FirstCents != 100 ||
 		k.OverchargedCents() != 250 || !slices.Equal(k.IDs, []string{first.ID, again.ID}) {
-		t.Fatalf("key tally %+v (%v), want 2 charges in commit order, 350 cents, the first 100", k, err)
+		t.Fatalf("key tally %+v (%v), want 2 charges oldest first, 350 cents, the first 100", k, err)
 	}
 	sum, err := e.b.Summary(ctx, acme)
 	want := lab.StoreSummary{Store: "memory", ChargesApplied: 4, Operations: 3, DuplicatesApplied: 1, AmountCents: 430, OverchargedCents: 250}
