@@ -26,6 +26,9 @@ func (s *Packed) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error)
 		}
 	}()
 	for {
+		if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+			return lab.Outcome{}, err
+		}
 		e, done, claimed := s.claim(a, fp)
 		switch {
 		case claimed:
@@ -105,6 +108,10 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
+		s.release(e) // nothing was charged
+		return lab.Outcome{}, err
+	}
 	c := e.claim // the owner's until it settles the entry: nobody else changes it
 	a.ChargeID = c.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
@@ -122,6 +129,8 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 		s.crash(lab.CrashRegion(a))
 		return lab.Outcome{}, lab.ErrCrash
 	}
+	// Charged: whatever ends the wait, the key completes with the response.
+	pauseErr := lab.Pause(ctx, lab.PointAfterCharge)
 	retention := a.Faults.RetentionOr(s.window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -131,6 +140,9 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 	e.body, e.status = resp.Body, resp.Status
 	s.settleLocked(e, completed, retention)
 	e.claim = nil // its charge id and channel are no longer needed
+	if pauseErr != nil {
+		return lab.Outcome{}, pauseErr
+	}
 	return lab.Outcome{Response: resp}, nil
 }
 
