@@ -17,6 +17,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
+	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -86,6 +87,9 @@ type Config struct {
 	Unavailable map[lab.StoreName]string    // variant -> how to enable it
 	Replicas    Replicas
 	Window      time.Duration // the dedupe window, reported by runs
+	// Steps holds the process's stepped runs, shared by its in-process
+	// replicas; nil when the lab steps no runs.
+	Steps *step.Registry
 }
 
 // Service is one replica's use cases.
