@@ -100,4 +100,17 @@ func TestStepHeaderRefused(t *testing.T) {
 	if got := keyCharges(t, a, "acme", "memory", "k-step-refused"); got != 0 {
 		t.Fatalf("a refused stepped attempt charged %d times", got)
 	}
+	// Another namespace's stepped run is no gate for globex.
+	started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, "")
+	if started.Status != http.StatusCreated {
+		t.Fatalf("start: %d %s", started.Status, started.Body)
+	}
+	h.Set("Authorization", "Bearer "+labtest.Globex)
+	h.Set(step.Header, labtest.Decode[stepReply](t, started).ID+"/1")
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500); r.Status != http.StatusBadRequest {
+		t.Fatalf("globex joined acme's stepped run: %d %s", r.Status, r.Body)
+	}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, ""); r.Status != http.StatusConflict {
+		t.Fatalf("a second stepped run of one namespace: %d %s", r.Status, r.Body)
+	}
 }
