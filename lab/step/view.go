@@ -23,7 +23,7 @@ type View struct {
 // AttemptView is where one attempt stands.
 type AttemptView struct {
 	Attempt int              `json:"attempt"`
-	Replica string           `json:"replica"` // the base URL it is sent to
+	Target  string           `json:"target"` // the base URL of the replica it is sent to
 	State   State            `json:"state"`
 	Point   lab.PausePoint   `json:"point,omitempty"` // where it waits, when paused
 	Passed  []lab.PausePoint `json:"passed"`          // every point it reached
@@ -57,7 +57,7 @@ func (r *Run) View() View {
 		}
 	}
 	for _, a := range r.attempts {
-		av := AttemptView{Attempt: a.n, Replica: r.spec.Replicas[a.n-1], State: a.state, Point: a.point,
+		av := AttemptView{Attempt: a.n, Target: r.spec.Replicas[a.n-1], State: a.state, Point: a.point,
 			Passed: append([]lab.PausePoint{}, a.passed...)}
 		if a.answer != nil {
 			ans := *a.answer

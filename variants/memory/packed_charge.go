@@ -108,11 +108,16 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
+	c := e.claim // the owner's until it settles the entry: nobody else changes it
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
-		s.release(e) // nothing was charged
+		// Nothing charged by this attempt; an inherited charge id is kept.
+		if c.inherited {
+			s.settleLater(e, a)
+		} else {
+			s.release(e)
+		}
 		return lab.Outcome{}, err
 	}
-	c := e.claim // the owner's until it settles the entry: nobody else changes it
 	a.ChargeID = c.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && c.inherited {

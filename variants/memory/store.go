@@ -179,7 +179,7 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
-		s.release(e) // nothing was charged
+		s.giveUp(e, a) // nothing was charged by this attempt
 		return lab.Outcome{}, err
 	}
 	a.ChargeID = e.chargeID
@@ -225,6 +225,15 @@ func (s *Store) settle(e *entry, state keyState, resp lab.Response, a lab.Attemp
 	}
 	close(e.done)
 	return true
+}
+
+// giveUp ends a claim left before its charge; an inherited charge id is kept.
+func (s *Store) giveUp(e *entry, a lab.Attempt) {
+	if e.inherited {
+		s.settle(e, unsettled, lab.Response{}, a)
+		return
+	}
+	s.release(e)
 }
 
 // release forgets a claim whose work failed before anything was charged, so
