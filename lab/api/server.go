@@ -229,7 +229,7 @@ var runParams = []string{"key", "account", "attempts", "amount", "replicas", "or
 func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 	get, post, any := []string{http.MethodGet}, []string{http.MethodPost}, []string{http.MethodGet, http.MethodPost}
 	return []route{
-		{post, "/charges", []string{"store"}, s.postCharge},
+		{post, "/charges", []string{"store"}, s.stepGate(s.postCharge)},
 		{get, "/charges", []string{"store", "key"}, s.chargesUnderKey},
 		{get, "/", nil, s.index},
 		{get, "/health", nil, s.health},
@@ -256,6 +256,10 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 		{any, "/lab/check", []string{"store", "format"}, s.checkDesign},
 		{get, "/operations/:key", []string{"store"}, s.operation},
 		{post, "/lab/failover", []string{"step"}, s.failover},
+		{get, "/lab/step", nil, s.listSchedules},
+		{post, "/lab/step", []string{"schedule", "store", "attempts", "replicas"}, s.startStep},
+		{get, "/lab/step/:id", nil, s.stepRun},
+		{post, "/lab/step/:id/advance", []string{"attempt", "schedule"}, s.advanceStep},
 	}
 }
 

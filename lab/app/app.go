@@ -32,6 +32,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/lab/relay"
+	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -74,6 +75,9 @@ type App struct {
 	relayOutbox relay.Outbox
 
 	replicas *replicaSet
+	// steps holds the stepped runs of this process, shared by its
+	// in-process replicas: an attempt finds its gate on whichever it reaches.
+	steps *step.Registry
 
 	mu    sync.Mutex // guards what follows; never held during I/O
 	pools []*pgxpool.Pool
@@ -129,6 +133,9 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		}
 	}
 	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
+	if a.steps, err = step.NewRegistry(step.Config{Settle: step.DefaultSettle, Idle: step.DefaultIdle}); err != nil {
+		return nil, err
+	}
 	a.replicas = &replicaSet{basePath: cfg.BasePath, peers: cfg.Peers, max: cfg.MaxReplicas, client: a.client,
 		failover: a.failover, start: a.startReplica}
 	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Now: cfg.Clock}
@@ -311,7 +318,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		relayCounts = a.relay.Counts
 	}
 	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
-		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window})
+		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps})
 	if err != nil {
 		return nil, err
 	}
@@ -370,6 +377,7 @@ func (a *App) sweep(ctx context.Context) {
 // Close stops serving (in-flight requests finish), then stops the workers.
 func (a *App) Close(ctx context.Context) error {
 	var errs []error
+	a.steps.Close() // its attempts wait at their points: end them before the servers wait for them
 	for _, r := range a.replicas.all() {
 		if err := r.http.Shutdown(ctx); err != nil {
 			errs = append(errs, fmt.Errorf("error shutting down %s: %w", r.name, err))

@@ -19,6 +19,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/history"
+	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/lab/variant"
 )
@@ -89,6 +90,9 @@ type Config struct {
 	Replicas    Replicas
 	Replica     string        // this replica's name, among Replicas
 	Window      time.Duration // the dedupe window, reported by runs
+	// Steps holds the process's stepped runs, shared by its in-process
+	// replicas; nil when the lab steps no runs.
+	Steps *step.Registry
 }
 
 // Service is one replica's use cases.

@@ -55,6 +55,9 @@ func (s *Store) Name() lab.StoreName { return Name }
 
 // Charge looks, then acts.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+		return lab.Outcome{}, err
+	}
 	if ans, ok := s.look(a.Scope); ok {
 		if ans.fingerprint != a.Fingerprint {
 			return lab.Outcome{}, lab.ErrKeyReused
@@ -67,11 +70,23 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		s.forget(lab.CrashRegion(a)) // the process dies, and its heap with it
 		return lab.Outcome{}, lab.ErrCrash
 	}
-	if err := lab.Sleep(ctx, Window); err != nil {
-		return lab.Outcome{}, fmt.Errorf("error waiting between the look and the charge: %w", err)
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
+		return lab.Outcome{}, err
+	}
+	// A stepped attempt's schedule decides the overlap; any other waits
+	// the Window, so that twins released together overlap for certain.
+	if !lab.Stepped(ctx) {
+		if err := lab.Sleep(ctx, Window); err != nil {
+			return lab.Outcome{}, fmt.Errorf("error waiting between the look and the charge: %w", err)
+		}
 	}
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if err != nil {
+		return lab.Outcome{}, err
+	}
+	// Charged; if the stepped run ends here the answer is never recorded,
+	// as for a crash between the charge and the write.
+	if err := lab.Pause(ctx, lab.PointAfterCharge); err != nil {
 		return lab.Outcome{}, err
 	}
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {

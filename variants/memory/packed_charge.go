@@ -26,6 +26,9 @@ func (s *Packed) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error)
 		}
 	}()
 	for {
+		if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+			return lab.Outcome{}, err
+		}
 		e, done, claimed := s.claim(a, fp)
 		switch {
 		case claimed:
@@ -106,6 +109,15 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
 	c := e.claim // the owner's until it settles the entry: nobody else changes it
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
+		// Nothing charged by this attempt; an inherited charge id is kept.
+		if c.inherited {
+			s.settleLater(e, a)
+		} else {
+			s.release(e)
+		}
+		return lab.Outcome{}, err
+	}
 	a.ChargeID = c.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && c.inherited {
@@ -122,6 +134,8 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 		s.crash(lab.CrashRegion(a))
 		return lab.Outcome{}, lab.ErrCrash
 	}
+	// Charged: whatever ends the wait, the key completes with the response.
+	pauseErr := lab.Pause(ctx, lab.PointAfterCharge)
 	retention := a.Faults.RetentionOr(s.window)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -131,6 +145,9 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 	e.body, e.status = resp.Body, resp.Status
 	s.settleLocked(e, completed, retention)
 	e.claim = nil // its charge id and channel are no longer needed
+	if pauseErr != nil {
+		return lab.Outcome{}, pauseErr
+	}
 	return lab.Outcome{Response: resp}, nil
 }
 

@@ -102,6 +102,9 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		}
 	}()
 	for {
+		if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+			return lab.Outcome{}, err
+		}
 		e, state, claimed := s.claim(a)
 		switch {
 		case claimed:
@@ -175,6 +178,10 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
+		s.giveUp(e, a) // nothing was charged by this attempt
+		return lab.Outcome{}, err
+	}
 	a.ChargeID = e.chargeID
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && e.inherited {
@@ -191,8 +198,13 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		s.crash(lab.CrashRegion(a))
 		return lab.Outcome{}, lab.ErrCrash
 	}
+	// Charged: whatever ends the wait, the key completes with the response.
+	pauseErr := lab.Pause(ctx, lab.PointAfterCharge)
 	if !s.settle(e, completed, resp, a) { // the replica "died" meanwhile: this request dies with it
 		return lab.Outcome{}, lab.ErrCrash
+	}
+	if pauseErr != nil {
+		return lab.Outcome{}, pauseErr
 	}
 	return lab.Outcome{Response: resp}, nil
 }
@@ -213,6 +225,15 @@ func (s *Store) settle(e *entry, state keyState, resp lab.Response, a lab.Attemp
 	}
 	close(e.done)
 	return true
+}
+
+// giveUp ends a claim left before its charge; an inherited charge id is kept.
+func (s *Store) giveUp(e *entry, a lab.Attempt) {
+	if e.inherited {
+		s.settle(e, unsettled, lab.Response{}, a)
+		return
+	}
+	s.release(e)
 }
 
 // release forgets a claim whose work failed before anything was charged, so

@@ -39,7 +39,9 @@ type Store struct {
 // known is retried: the key makes the retry safe.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
 	charge := s.chargeStepByStep
-	if !s.plain {
+	// A stepped attempt takes the path in this file, whose pause points
+	// fall between its statements.
+	if !s.plain && !lab.Stepped(ctx) {
 		if out, ok, err := s.replayFast(ctx, a); ok || err != nil {
 			return out, err
 		}
@@ -61,6 +63,10 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 // chargeStepByStep is the design: claim, charge and complete in one
 // transaction, or replay what the key's owner committed.
 func (s *Store) chargeStepByStep(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	// Before the connection is taken: a pause here holds nothing.
+	if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+		return lab.Outcome{}, err
+	}
 	conn, start, err := s.acquire(ctx, a.Scope.Namespace)
 	if err != nil {
 		return lab.Outcome{}, err
@@ -91,6 +97,9 @@ func (s *Store) chargeStepByStep(ctx context.Context, a lab.Attempt) (lab.Outcom
 	case !claimed:
 		return replay(a, row) // 4. Replay
 	}
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
+		return lab.Outcome{}, err // rolled back: the claim goes with it
+	}
 	if err := s.work(ctx, conn, a, start); err != nil {
 		return lab.Outcome{}, err
 	}
@@ -112,6 +121,9 @@ func (s *Store) chargeStepByStep(ctx context.Context, a lab.Attempt) (lab.Outcom
 	default:
 		lab.Mark(ctx, lab.PhaseCharge)
 		resp = lab.ChargeResponse(c)
+	}
+	if err := lab.Pause(ctx, lab.PointAfterCharge); err != nil {
+		return lab.Outcome{}, err // uncommitted: the charge rolls back with the key row
 	}
 
 	// 3. Complete: the response goes into the key's row, and key, charge,
@@ -160,6 +172,9 @@ func (s *Store) claim(ctx context.Context, tx pgdb.Querier, a lab.Attempt, now t
 			return true, keyRow{}, nil
 		case !errors.Is(err, pgx.ErrNoRows):
 			return false, keyRow{}, fmt.Errorf("error claiming key: %w", err)
+		}
+		if err := lab.Pause(ctx, lab.PointBeforeReplayRead); err != nil {
+			return false, keyRow{}, err
 		}
 		row, err := s.readKey(ctx, tx, sc, now)
 		switch {

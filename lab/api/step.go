@@ -1,0 +1,211 @@
+package api
+
+// The stepper's routes: a stepped run started, advanced move by move or by
+// a whole schedule, and read back with the ledger's charges for its key;
+// and the gate that a stepped attempt's Lab-Step header puts in its
+// request's context.
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/api/wire"
+	"github.com/idempotency-lab/lab/lab/labsvc"
+	"github.com/idempotency-lab/lab/lab/step"
+)
+
+// stepAnswer is a stepped run as the routes answer it.
+type stepAnswer struct {
+	step.View
+	// Ledger is what the books hold for the run's key, read after the move.
+	Ledger stepLedger `json:"ledger"`
+	Error  string     `json:"error,omitempty"` // why the last move could not be made
+}
+
+// stepLedger is the books' charges for a stepped run's key.
+type stepLedger struct {
+	Charges   int      `json:"charges"`
+	ChargeIDs []string `json:"charge_ids"`
+	Cents     int64    `json:"cents"`
+}
+
+// schedulesAnswer lists the named schedules.
+type schedulesAnswer struct {
+	Schedules []step.Schedule  `json:"schedules"`
+	Points    []lab.PausePoint `json:"points"`
+	Note      string           `json:"note"`
+}
+
+// listSchedules is GET /lab/step.
+func (s *Server) listSchedules(c echo.Context) error {
+	return c.JSON(http.StatusOK, schedulesAnswer{
+		Schedules: step.Schedules(),
+		Points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge,
+			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead},
+		Note: "POST /lab/step?schedule=<name> plays one; POST /lab/step?store=&attempts=&replicas= starts a run to advance by hand",
+	})
+}
+
+// startStep is POST /lab/step.
+func (s *Server) startStep(c echo.Context) error {
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	var req labsvc.StepRequest
+	if req.Schedule, err = q.Name("schedule", ""); err != nil {
+		return err
+	}
+	if req.Schedule != "" {
+		for _, p := range []string{"store", "attempts", "replicas"} {
+			if _, present, _ := q.Lookup(p); present {
+				return lab.Invalid(p, "comes with the named schedule: give schedule alone")
+			}
+		}
+	} else {
+		store, err := q.Name("store", string(s.cfg.DefaultStore))
+		if err != nil {
+			return err
+		}
+		req.Store = lab.StoreName(store)
+		attempts, err := q.Int("attempts", 2, step.MinAttempts, step.MaxAttempts)
+		if err != nil {
+			return err
+		}
+		replicas, err := q.Int("replicas", 1, 1, int64(s.deps.Service.Replicas().MaxReplicas()))
+		if err != nil {
+			return err
+		}
+		req.Attempts, req.Replicas = int(attempts), int(replicas)
+	}
+	run, err := s.deps.Service.StartStep(c.Request().Context(), who.Identity, req)
+	if err != nil && run == nil {
+		return stepProblem(err)
+	}
+	return s.answerStep(c, http.StatusCreated, who.Tenant, run, err)
+}
+
+// stepRun is GET /lab/step/{id}.
+func (s *Server) stepRun(c echo.Context) error {
+	who, run, err := s.findStep(c)
+	if err != nil {
+		return err
+	}
+	return s.answerStep(c, http.StatusOK, who.Tenant, run, nil)
+}
+
+// advanceStep is POST /lab/step/{id}/advance?attempt=N or ?schedule=2,1,….
+func (s *Server) advanceStep(c echo.Context) error {
+	who, run, err := s.findStep(c)
+	if err != nil {
+		return err
+	}
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil {
+		return err
+	}
+	n := run.Spec().Attempts
+	raw, hasSchedule, _ := q.Lookup("schedule")
+	_, hasAttempt, _ := q.Lookup("attempt")
+	var moves []int
+	switch {
+	case hasSchedule && hasAttempt:
+		return lab.Invalid("schedule", "give attempt or schedule, not both")
+	case hasSchedule:
+		if moves, err = step.ParseSteps(raw, n); err != nil {
+			return err
+		}
+	default:
+		a, err := q.Int("attempt", 0, 1, int64(n))
+		if err != nil {
+			return err
+		}
+		if !hasAttempt {
+			return lab.Invalid("attempt", "names the attempt to move, in 1..%d (or give schedule=1,2,…)", n)
+		}
+		moves = []int{int(a)}
+	}
+	moveErr := run.Play(c.Request().Context(), moves)
+	var invalid *lab.InvalidError
+	if errors.As(moveErr, &invalid) {
+		return moveErr
+	}
+	return s.answerStep(c, http.StatusOK, who.Tenant, run, moveErr)
+}
+
+// findStep resolves the caller and the stepped run of its namespace.
+func (s *Server) findStep(c echo.Context) (caller, *step.Run, error) {
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return caller{}, nil, err
+	}
+	run, err := s.deps.Service.FindStep(who.Namespace, c.Param("id"))
+	if err != nil {
+		return caller{}, nil, stepProblem(err)
+	}
+	return who, run, nil
+}
+
+// answerStep answers where run stands, with the books' charges for its key.
+func (s *Server) answerStep(c echo.Context, status int, tenant string, run *step.Run, moveErr error) error {
+	v := run.View()
+	tally, err := s.deps.Books.KeyCharges(c.Request().Context(), tenant, v.Store, v.Key)
+	if err != nil {
+		return fmt.Errorf("%w: error reading the key's charges: %w", lab.ErrStoreUnavailable, err)
+	}
+	ans := stepAnswer{View: v, Ledger: stepLedger{Charges: tally.Charges, ChargeIDs: tally.IDs, Cents: tally.Cents}}
+	if ans.Ledger.ChargeIDs == nil {
+		ans.Ledger.ChargeIDs = []string{}
+	}
+	if moveErr != nil {
+		ans.Error = moveErr.Error()
+		status = http.StatusConflict
+	}
+	return c.JSON(status, ans)
+}
+
+// stepProblem maps the stepper's errors to problems.
+func stepProblem(err error) error {
+	switch {
+	case errors.Is(err, step.ErrNotFound):
+		return problem(http.StatusNotFound, "step_not_found", "Stepped run not found", err.Error())
+	case errors.Is(err, step.ErrRunning):
+		return problem(http.StatusConflict, "step_in_progress", "Stepped run in progress", err.Error())
+	case errors.Is(err, labsvc.ErrSteppingOff):
+		return problem(http.StatusNotFound, "stepping_off", "Stepping unavailable", err.Error())
+	}
+	return err
+}
+
+// stepGate puts a stepped attempt's gate in its request's context, from
+// its Lab-Step header: the stepper holds it at the store's pause points. A
+// header that names no stepped run of the caller's namespace is refused.
+func (s *Server) stepGate(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Request().Header.Get(step.Header)
+		if h == "" {
+			return next(c)
+		}
+		if err := lab.CheckText(step.Header, h, 64); err != nil {
+			return err
+		}
+		who, err := s.who(c.Request(), false)
+		if err != nil {
+			return err
+		}
+		g, err := s.deps.Service.StepGate(who.Namespace, h)
+		if err != nil {
+			return err
+		}
+		c.SetRequest(c.Request().WithContext(lab.WithStepGate(c.Request().Context(), g)))
+		return next(c)
+	}
+}
