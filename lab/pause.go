@@ -1,6 +1,9 @@
 package lab
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // PausePoint names a place on the charge path where an attempt of a stepped
 // run stops and waits for its turn, so that an interleaving can be played
@@ -50,4 +53,18 @@ func Pause(ctx context.Context, p PausePoint) error {
 		return nil
 	}
 	return g.Reach(ctx, p)
+}
+
+// StepWait bounds a store's own waits (for an in-flight twin, for a row
+// lock) in a stepped run: as long as the run may stay idle, so that the
+// schedule, not a timer racing it, decides when an attempt moves on.
+const StepWait = 2 * time.Minute
+
+// BoundedWait is the bound a store puts on a wait of its own: d, or
+// StepWait for an attempt of a stepped run.
+func BoundedWait(ctx context.Context, d time.Duration) time.Duration {
+	if Stepped(ctx) {
+		return StepWait
+	}
+	return d
 }

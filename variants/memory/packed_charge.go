@@ -39,7 +39,7 @@ func (s *Packed) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error)
 			return lab.Outcome{Response: e.response(), Replayed: true}, nil
 		}
 		if deadline == nil {
-			deadline = time.NewTimer(s.wait)
+			deadline = time.NewTimer(lab.BoundedWait(ctx, s.wait))
 		}
 		select {
 		case <-done:

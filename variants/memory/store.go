@@ -115,7 +115,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			return lab.Outcome{Response: e.resp, Replayed: true}, nil
 		}
 		if deadline == nil {
-			deadline = time.NewTimer(s.wait)
+			deadline = time.NewTimer(lab.BoundedWait(ctx, s.wait))
 		}
 		select {
 		case <-e.done:

@@ -18,7 +18,7 @@ import (
 // row lock.
 func (s *Store) acquire(ctx context.Context, ns lab.Namespace) (conn *pgdb.Conn, start time.Time, err error) {
 	start = time.Now()
-	acquireCtx, cancel := context.WithTimeout(ctx, s.wait)
+	acquireCtx, cancel := context.WithTimeout(ctx, lab.BoundedWait(ctx, s.wait))
 	defer cancel()
 	conn, err = s.pool.Acquire(acquireCtx, ns, pgdb.Short)
 	if err != nil {
@@ -31,8 +31,8 @@ func (s *Store) acquire(ctx context.Context, ns lab.Namespace) (conn *pgdb.Conn,
 }
 
 // lockWait is what is left of the bounded wait since start.
-func (s *Store) lockWait(start time.Time) time.Duration {
-	return max(s.wait-time.Since(start), time.Millisecond)
+func (s *Store) lockWait(ctx context.Context, start time.Time) time.Duration {
+	return max(lab.BoundedWait(ctx, s.wait)-time.Since(start), time.Millisecond)
 }
 
 func isLockTimeout(err error) bool {

@@ -85,7 +85,7 @@ func (s *Store) tryPipelined(ctx context.Context, a lab.Attempt) (lab.Outcome, e
 			_, _ = conn.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
-	claimed, row, err := s.beginAndClaim(ctx, conn.Conn, a, s.lockWait(start), s.now())
+	claimed, row, err := s.beginAndClaim(ctx, conn.Conn, a, s.lockWait(ctx, start), s.now())
 	switch {
 	case isLockTimeout(err):
 		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}

@@ -82,7 +82,7 @@ func (s *Store) chargeStepByStep(ctx context.Context, a lab.Attempt) (lab.Outcom
 	// server would on a dead session: the claim goes with it.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// A twin's row lock is waited for only as long as the bounded wait has left.
-	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.lockWait(start).Milliseconds())); err != nil {
+	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.lockWait(ctx, start).Milliseconds())); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error setting lock_timeout: %w", err)
 	}
 

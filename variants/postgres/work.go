@@ -20,7 +20,7 @@ func (s *Store) work(ctx context.Context, conn *pgdb.Conn, a lab.Attempt, start 
 		// A connection held across slow work, of which a namespace, and the
 		// replica, may hold only a few. Without a slot it rolls back, and a
 		// retry is safe.
-		hold, cancel := context.WithTimeout(ctx, s.lockWait(start))
+		hold, cancel := context.WithTimeout(ctx, s.lockWait(ctx, start))
 		err := conn.HoldAcrossWork(hold)
 		cancel()
 		if err != nil {
