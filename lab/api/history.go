@@ -7,6 +7,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 )
 
@@ -16,12 +17,16 @@ func (s *Server) findRun(c echo.Context) (experiment.Report, error) {
 	if err != nil {
 		return experiment.Report{}, err
 	}
-	id := c.Param("id")
-	if r, ok := s.deps.Service.FindRun(who.view(), id); ok {
+	if r, ok := s.deps.Service.FindRun(who.view(), c.Param("id")); ok {
 		return r, nil
 	}
-	return experiment.Report{}, problem(http.StatusNotFound, "run_not_found", "Run not found",
-		"no run "+strconv.Quote(id)+" among the recent runs of namespace "+nsName(who.view())+" on this replica")
+	return experiment.Report{}, runNotFound(c.Param("id"), who.view())
+}
+
+// runNotFound is the answer for a run the caller has none of here.
+func runNotFound(id string, view lab.Namespace) error {
+	return problem(http.StatusNotFound, "run_not_found", "Run not found",
+		"no run "+strconv.Quote(id)+" among the recent runs of namespace "+nsName(view)+" on this replica")
 }
 
 // runHistory answers a run's history as NDJSON: a line naming the run, one
@@ -42,9 +47,6 @@ func (s *Server) runHistory(c echo.Context) error {
 // runHistoryPage draws a run's history as porcupine's visualization, with
 // the fault events and the ledger reads: one self-contained page.
 func (s *Server) runHistoryPage(c echo.Context) error {
-	if _, err := s.findRun(c); err != nil {
-		return err // not the caller's, or gone: say which as the run route does
-	}
 	who, err := s.who(c.Request(), true)
 	if err != nil {
 		return err
@@ -54,7 +56,7 @@ func (s *Server) runHistoryPage(c echo.Context) error {
 	case err != nil:
 		return err
 	case !found:
-		return problem(http.StatusNotFound, "run_not_found", "Run not found", "the run is gone from this replica's recent runs")
+		return runNotFound(c.Param("id"), who.view())
 	}
 	// The picture's script and style are inline; it may load nothing else.
 	c.Response().Header().Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")

@@ -342,18 +342,7 @@ func (s *Server) pickStore(raw string) (lab.Store, error) {
 	if name == "" {
 		name = s.cfg.DefaultStore
 	}
-	if _, ok := s.deps.Variants.Get(name); !ok {
-		return nil, lab.Invalid("store", "must be one of %s (got %q)", s.storeList(), raw)
-	}
-	st, ok := s.deps.Stores[name]
-	if !ok {
-		how := s.deps.Unavailable[name]
-		if how == "" {
-			how = "it is not configured on this server"
-		}
-		return nil, fmt.Errorf("%w: store %q is not available: %s", lab.ErrStoreUnavailable, name, how)
-	}
-	return st, nil
+	return s.deps.Service.Store(name)
 }
 
 // storeList names every registered store, for error messages.

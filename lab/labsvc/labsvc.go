@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -124,7 +125,11 @@ func (s *Service) Replicas() Replicas { return s.cfg.Replicas }
 // Store is this replica's store of a registered design, or why it has none.
 func (s *Service) Store(name lab.StoreName) (lab.Store, error) {
 	if _, ok := s.cfg.Variants.Get(name); !ok {
-		return nil, lab.Invalid("store", "must be one of %v (got %q)", s.cfg.Variants.Names(), name)
+		names := make([]string, 0, len(s.cfg.Variants.Names()))
+		for _, n := range s.cfg.Variants.Names() {
+			names = append(names, string(n))
+		}
+		return nil, lab.Invalid("store", "must be one of %s (got %q)", strings.Join(names, ", "), name)
 	}
 	st, ok := s.cfg.Stores[name]
 	if !ok {
