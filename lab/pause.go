@@ -27,6 +27,12 @@ type StepGate interface {
 	// its turn to move on, or with an error when ctx ends or the stepped
 	// run is aborted first.
 	Reach(ctx context.Context, p PausePoint) error
+	// Name is "<run id>/<attempt>": a store tags what it holds with it, so
+	// the stepper can say who holds what and act on it.
+	Name() string
+	// WaitEnds is closed when a move ends the lab's bounded waits for the
+	// attempt (the "wait" event): a wait of its own then runs out at once.
+	WaitEnds() <-chan struct{}
 }
 
 type stepGateKey struct{}
@@ -55,16 +61,93 @@ func Pause(ctx context.Context, p PausePoint) error {
 	return g.Reach(ctx, p)
 }
 
+// StepName is the stepped attempt's "<run id>/<attempt>", "" for any other.
+func StepName(ctx context.Context) string {
+	if g, ok := ctx.Value(stepGateKey{}).(StepGate); ok {
+		return g.Name()
+	}
+	return ""
+}
+
 // StepWait bounds a store's own waits (for an in-flight twin, for a row
 // lock) in a stepped run: as long as the run may stay idle, so that the
 // schedule, not a timer racing it, decides when an attempt moves on.
 const StepWait = 2 * time.Minute
 
 // BoundedWait is the bound a store puts on a wait of its own: d, or
-// StepWait for an attempt of a stepped run.
+// StepWait for an attempt of a stepped run (whose "wait" move ends it
+// sooner: see WaitBound).
 func BoundedWait(ctx context.Context, d time.Duration) time.Duration {
 	if Stepped(ctx) {
 		return StepWait
 	}
 	return d
+}
+
+// WaitBound is a store's bounded wait as a context: done after d, or, in a
+// stepped run, when a "wait" move ends it (or after StepWait). The store
+// tells it from its caller's end by ctx.Err(): nil means the bound ran out.
+func WaitBound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	g, ok := ctx.Value(stepGateKey{}).(StepGate)
+	if !ok {
+		return context.WithTimeout(ctx, d)
+	}
+	wctx, cancel := context.WithTimeout(ctx, StepWait)
+	go func() { // ends with wctx, which cancel ends
+		select {
+		case <-g.WaitEnds():
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
+	return wctx, cancel
+}
+
+// TimeEvent is something time makes happen to a key, which a stepped run
+// makes happen at one step instead, on the real store: no timer decides.
+type TimeEvent string
+
+// The time-driven moves of a stepped run.
+const (
+	EventTTL      TimeEvent = "ttl"      // the claim's TTL runs out (redis)
+	EventLease    TimeEvent = "lease"    // the claim's lease ends (lease)
+	EventWindow   TimeEvent = "window"   // the retention window passes: the key is forgotten
+	EventFailover TimeEvent = "failover" // Redis fails over: the replica, which never saw the claim, is promoted
+	EventWait     TimeEvent = "wait"     // the lab's bounded waits end: an in-flight wait, a lock timeout
+)
+
+// TimeEvents lists the time-driven moves with what each one means.
+func TimeEvents() []TimeEventSpec {
+	return []TimeEventSpec{
+		{EventTTL, "the claim's TTL runs out"},
+		{EventLease, "the claim's lease ends (a paused worker renews nothing)"},
+		{EventWindow, "the retention window passes: the key is forgotten"},
+		{EventFailover, "Redis fails over before the claim replicated (needs fault=failover)"},
+		{EventWait, "the lab's bounded waits end: a blocked twin gives up (409)"},
+	}
+}
+
+// TimeEventSpec is one time-driven move; a design it means nothing to refuses it.
+type TimeEventSpec struct {
+	Event TimeEvent `json:"name"`
+	Title string    `json:"title"`
+}
+
+// TimeMover makes a time-driven event happen now to one key, on the real
+// store. A design without such a thing answers an InvalidError.
+type TimeMover interface {
+	MakeHappen(ctx context.Context, sc Scope, e TimeEvent) error
+}
+
+// KeyInspector says what the store holds for one key right now, in-flight
+// claims and uncommitted rows included, in a few lines a reader follows.
+type KeyInspector interface {
+	Inspect(ctx context.Context, sc Scope) (KeyInspection, error)
+}
+
+// KeyInspection is what a store holds for one key, for a stepped run's view.
+type KeyInspection struct {
+	Where string   `json:"where"` // the store and where it keeps the key
+	State string   `json:"state"` // in_flight, completed, unsettled, absent
+	Facts []string `json:"facts"` // "TTL 59.2 s left", "row locked by attempt 1"
 }

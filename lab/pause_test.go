@@ -13,6 +13,8 @@ import (
 type gateFunc func(ctx context.Context, p lab.PausePoint) error
 
 func (f gateFunc) Reach(ctx context.Context, p lab.PausePoint) error { return f(ctx, p) }
+func (f gateFunc) Name() string                                      { return "step-test/1" }
+func (f gateFunc) WaitEnds() <-chan struct{}                         { return nil }
 
 func TestPause(t *testing.T) {
 	t.Run("Unstepped", func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -35,9 +36,11 @@ type stepLedger struct {
 
 // schedulesAnswer lists the named schedules.
 type schedulesAnswer struct {
-	Schedules []step.Schedule  `json:"schedules"`
-	Points    []lab.PausePoint `json:"points"`
-	Note      string           `json:"note"`
+	Schedules []step.Schedule     `json:"schedules"`
+	Points    []lab.PausePoint    `json:"points"`
+	Events    []lab.TimeEventSpec `json:"events"`
+	Faults    []lab.FaultPoint    `json:"faults"` // the faults a stepped run takes; time-driven ones are moves
+	Note      string              `json:"note"`
 }
 
 // listSchedules is GET /lab/step.
@@ -46,7 +49,10 @@ func (s *Server) listSchedules(c echo.Context) error {
 		Schedules: step.Schedules(),
 		Points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge,
 			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead},
-		Note: "POST /lab/step?schedule=<name> plays one; POST /lab/step?store=&attempts=&replicas= starts a run to advance by hand",
+		Events: lab.TimeEvents(),
+		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail},
+		Note: "POST /lab/step?schedule=<name> plays one (play=none opens it to advance by hand); " +
+			"POST /lab/step?store=&attempts=&replicas= starts a run to advance with attempt=, event=, schedule=1,2,ttl or seed=",
 	})
 }
 
@@ -65,12 +71,28 @@ func (s *Server) startStep(c echo.Context) error {
 		return err
 	}
 	if req.Schedule != "" {
-		for _, p := range []string{"store", "attempts", "replicas"} {
+		for _, p := range []string{"store", "attempts", "replicas", "fault", "ttl_ms", "window_ms"} {
 			if _, present, _ := q.Lookup(p); present {
-				return lab.Invalid(p, "comes with the named schedule: give schedule alone")
+				return lab.Invalid(p, "comes with the named schedule: give schedule alone (and play)")
+			}
+		}
+		play, err := q.Choice("play", "all", "all", "none")
+		if err != nil {
+			return err
+		}
+		req.Play = play == "all"
+		if sched, ok := step.FindSchedule(req.Schedule); ok && sched.Faults != "" {
+			if err := s.requireFaults(); err != nil {
+				return err // its store parameters travel in the Lab-Fault header
 			}
 		}
 	} else {
+		if _, present, _ := q.Lookup("play"); present {
+			return lab.Invalid("play", "plays a named schedule: give schedule=<name>")
+		}
+		if req.Faults, err = s.stepFaults(q); err != nil {
+			return err
+		}
 		store, err := q.Name("store", string(s.cfg.DefaultStore))
 		if err != nil {
 			return err
@@ -113,32 +135,88 @@ func (s *Server) advanceStep(c echo.Context) error {
 		return err
 	}
 	n := run.Spec().Attempts
-	raw, hasSchedule, _ := q.Lookup("schedule")
-	_, hasAttempt, _ := q.Lookup("attempt")
-	var moves []int
-	switch {
-	case hasSchedule && hasAttempt:
-		return lab.Invalid("schedule", "give attempt or schedule, not both")
-	case hasSchedule:
-		if moves, err = step.ParseSteps(raw, n); err != nil {
-			return err
+	var given []string
+	for _, p := range []string{"attempt", "event", "schedule", "seed"} {
+		if _, present, _ := q.Lookup(p); present {
+			given = append(given, p)
 		}
-	default:
+	}
+	if len(given) != 1 {
+		return lab.Invalid("attempt", "give exactly one of attempt=1..%d, event=<name>, schedule=1,2,ttl,… or seed=<n> (got %d)", n, len(given))
+	}
+	var moveErr error
+	switch given[0] {
+	case "attempt":
 		a, err := q.Int("attempt", 0, 1, int64(n))
 		if err != nil {
 			return err
 		}
-		if !hasAttempt {
-			return lab.Invalid("attempt", "names the attempt to move, in 1..%d (or give schedule=1,2,…)", n)
+		moveErr = run.Advance(c.Request().Context(), step.A(int(a)))
+	case "event":
+		raw, _, _ := q.Lookup("event")
+		e, err := step.ParseEvent("event", raw)
+		if err != nil {
+			return err
 		}
-		moves = []int{int(a)}
+		moveErr = run.Advance(c.Request().Context(), step.E(e))
+	case "schedule":
+		raw, _, _ := q.Lookup("schedule")
+		moves, err := step.ParseMoves(raw, n)
+		if err != nil {
+			return err
+		}
+		moveErr = run.Play(c.Request().Context(), moves)
+	case "seed":
+		seed, err := q.Int("seed", 0, 0, 1<<53)
+		if err != nil {
+			return err
+		}
+		moveErr = run.PlaySeed(c.Request().Context(), uint64(seed))
 	}
-	moveErr := run.Play(c.Request().Context(), moves)
 	var invalid *lab.InvalidError
 	if errors.As(moveErr, &invalid) {
 		return moveErr
 	}
 	return s.answerStep(c, http.StatusOK, who.Tenant, run, moveErr)
+}
+
+// stepFaults reads a stepped run's fault and store parameters: a fault of
+// the first attempt (not one time drives: the moves stand for those), a
+// claim TTL and a retention window for every attempt.
+func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
+	var f lab.Faults
+	fault, err := q.Name("fault", "none")
+	if err != nil {
+		return f, err
+	}
+	_, ttlGiven, _ := q.Lookup("ttl_ms")
+	_, windowGiven, _ := q.Lookup("window_ms")
+	if fault == "none" && !ttlGiven && !windowGiven {
+		return f, nil
+	}
+	if err := s.requireFaults(); err != nil {
+		return f, err
+	}
+	if fault != "none" {
+		if f.Point, err = lab.ParseFaultPoint("fault", fault); err != nil {
+			return f, err
+		}
+	}
+	if ttlGiven {
+		ttl, err := q.Int("ttl_ms", 0, 1, 600_000)
+		if err != nil {
+			return f, err
+		}
+		f.ClaimTTL = time.Duration(ttl) * time.Millisecond
+	}
+	if windowGiven {
+		w, err := q.Int("window_ms", 0, 1, 86_400_000)
+		if err != nil {
+			return f, err
+		}
+		f.Retention = time.Duration(w) * time.Millisecond
+	}
+	return f, nil
 }
 
 // findStep resolves the caller and the stepped run of its namespace.

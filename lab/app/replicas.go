@@ -41,6 +41,17 @@ func (s *replicaSet) all() []*replica {
 	return append([]*replica{s.primary}, s.extra...)
 }
 
+// StoresAt is the stores of the in-process replica at target.
+func (s *replicaSet) StoresAt(target string) (map[lab.StoreName]lab.Store, bool) {
+	base := strings.TrimSuffix(s.basePath, "/")
+	for _, r := range s.all() {
+		if r.url+base == target {
+			return r.stores, true
+		}
+	}
+	return nil, false
+}
+
 // Targets returns n replicas' base URLs: the primary first, then peers or
 // in-process replicas started on loopback ports as needed.
 func (s *replicaSet) Targets(ctx context.Context, n int) ([]string, error) {

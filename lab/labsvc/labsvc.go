@@ -66,6 +66,9 @@ type Replicas interface {
 	// namespace; peer processes (cluster mode) are asked with the caller's
 	// credentials, which their own API resolves.
 	ResetOthers(ctx context.Context, self string, ns lab.Namespace, credentials string) error
+	// StoresAt is the stores of the in-process replica at target (a base
+	// URL Targets gave), false for a peer process or none.
+	StoresAt(target string) (map[lab.StoreName]lab.Store, bool)
 }
 
 // Erasable is what a reset deletes in the books: a namespace's ledger,

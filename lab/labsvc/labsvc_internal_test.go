@@ -34,9 +34,10 @@ type replicas struct {
 	max int
 }
 
-func (r replicas) Targets(context.Context, int) ([]string, error) { return []string{"http://r1"}, nil }
-func (r replicas) MaxReplicas() int                               { return r.max }
-func (r replicas) PairUnavailable() string                        { return "" }
+func (r replicas) Targets(context.Context, int) ([]string, error)      { return []string{"http://r1"}, nil }
+func (r replicas) MaxReplicas() int                                    { return r.max }
+func (r replicas) PairUnavailable() string                             { return "" }
+func (r replicas) StoresAt(string) (map[lab.StoreName]lab.Store, bool) { return nil, false }
 func (r replicas) ResetOthers(_ context.Context, self string, ns lab.Namespace, creds string) error {
 	r.c.log = append(r.c.log, fmt.Sprintf("others but %s: %s %s", self, ns, creds))
 	return nil

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
 	"strings"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -19,18 +21,34 @@ import (
 var ErrSteppingOff = errors.New("this server steps no runs")
 
 // StepRequest starts a stepped run: a named schedule, which sets the rest,
-// or a store with its attempts and replicas.
+// or a store with its attempts, replicas and faults.
 type StepRequest struct {
 	Schedule string
 	Store    lab.StoreName
 	Attempts int
 	Replicas int
+	// Faults is the Lab-Fault of the first attempt; the store's parameters
+	// in it (ttl_ms, window_ms) go with every attempt.
+	Faults lab.Faults
+	// Play plays the named schedule to its end (else it is only opened,
+	// to be advanced move by move).
+	Play bool
+}
+
+// Faults a stepped run refuses: time decides them, and in a stepped run
+// the moves do (each has its event).
+var timeDrivenFaults = map[lab.FaultPoint]string{
+	lab.FaultSlow:         "the work is a pause point (after_claim): advance the attempt when its work is done",
+	lab.FaultStaleWorker:  "a paused attempt is a stalled worker: make its claim's lifetime end with the ttl or lease move",
+	lab.FaultExpired:      "make the retention window pass with the window move",
+	lab.FaultStoreRestart: "restart the store with POST /lab/restart-store between moves",
+	lab.FaultFailover:     "a Redis failover is not a move of a stepped run yet",
 }
 
 // StartStep opens a stepped run in id's namespace, and plays its schedule
-// when it names one. Its attempts go round-robin to the replicas, as a
-// run's do; each is a real POST /charges of id's tenant under a key of the
-// stepped run's own.
+// when asked. Its attempts go round-robin to the replicas, as a run's do;
+// each is a real POST /charges of id's tenant under a key of the stepped
+// run's own.
 func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRequest) (*step.Run, error) {
 	if s.cfg.Steps == nil {
 		return nil, ErrSteppingOff
@@ -41,7 +59,14 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 		if sched, ok = step.FindSchedule(req.Schedule); !ok {
 			return nil, lab.Invalid("schedule", "names no schedule of GET /lab/step (got %q)", req.Schedule)
 		}
-		req.Store, req.Attempts, req.Replicas = sched.Store, sched.Attempts, sched.Replicas
+		faults, err := lab.ParseFaults(sched.Faults)
+		if err != nil {
+			return nil, fmt.Errorf("schedule %s: %w", sched.Name, err)
+		}
+		req.Store, req.Attempts, req.Replicas, req.Faults = sched.Store, sched.Attempts, sched.Replicas, faults
+	}
+	if why, ok := timeDrivenFaults[req.Faults.Point]; ok {
+		return nil, lab.Invalid("fault", "%s is driven by time, which a stepped run replaces with moves: %s", req.Faults.Point, why)
 	}
 	if _, err := s.Store(req.Store); err != nil {
 		return nil, err
@@ -56,17 +81,18 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 	if err != nil {
 		return nil, err
 	}
-	spec := step.Spec{Namespace: id.Namespace, Store: req.Store, Attempts: req.Attempts, Schedule: sched.Name}
+	spec := step.Spec{Namespace: id.Namespace, Store: req.Store, Attempts: req.Attempts, Schedule: sched.Name,
+		Planned: sched.Steps, Faults: req.Faults.String()}
 	for n := range req.Attempts {
 		spec.Replicas = append(spec.Replicas, targets[n%len(targets)])
 	}
-	run, err := s.cfg.Steps.Start(spec, func(ctx context.Context, n int, key, header string) step.Answer {
-		return s.sendStepped(ctx, id, spec.Replicas[n-1], req.Store, key, header)
-	})
+	st := &stepped{s: s, id: id, req: req}
+	run, err := s.cfg.Steps.Start(spec, step.Hooks{Send: st.send, Happen: st.happen, Inspect: st.inspect, Over: st.over})
 	if err != nil {
 		return nil, err
 	}
-	if sched.Name != "" {
+	st.run = run
+	if sched.Name != "" && req.Play {
 		if err := run.Play(ctx, sched.Steps); err != nil {
 			return run, err
 		}
@@ -82,20 +108,139 @@ func (s *Service) FindStep(ns lab.Namespace, runID string) (*step.Run, error) {
 	return s.cfg.Steps.Find(ns, runID)
 }
 
-// sendStepped sends one stepped attempt as a client would, and reads its answer.
-func (s *Service) sendStepped(ctx context.Context, id tenants.Identity, target string, store lab.StoreName, key, header string) step.Answer {
+// stepped is one stepped run as the lab serves its hooks.
+type stepped struct {
+	s   *Service
+	id  tenants.Identity
+	req StepRequest
+	run *step.Run // set once started, before any move
+}
+
+// scope is the run's key as the stores scope it.
+func (st *stepped) scope() lab.Scope {
+	return lab.Scope{Namespace: st.id.Namespace, Tenant: st.id.Tenant, Endpoint: lab.Endpoint, Key: st.run.Spec().Key}
+}
+
+// targets are the distinct replicas the run's attempts reach, in order.
+func (st *stepped) targets() []string {
+	var ts []string
+	for _, t := range st.run.Spec().Replicas {
+		if !slices.Contains(ts, t) {
+			ts = append(ts, t)
+		}
+	}
+	return ts
+}
+
+// stores are the run's store on each distinct replica it reaches, named
+// for a reader ("replica 2" when there are several).
+func (st *stepped) stores() ([]lab.Store, []string, error) {
+	ts := st.targets()
+	var stores []lab.Store
+	var names []string
+	for i, t := range ts {
+		found, ok := st.s.cfg.Replicas.StoresAt(t)
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: replica %s is not in this process: a stepped run uses in-process replicas only", lab.ErrStoreUnavailable, t)
+		}
+		store, ok := found[st.req.Store]
+		if !ok {
+			return nil, nil, fmt.Errorf("%w: replica %s has no store %s", lab.ErrStoreUnavailable, t, st.req.Store)
+		}
+		stores = append(stores, store)
+		if len(ts) > 1 {
+			names = append(names, fmt.Sprintf("replica %d", i+1))
+		} else {
+			names = append(names, "")
+		}
+	}
+	return stores, names, nil
+}
+
+// happen makes e happen to the run's key on every replica's store (a
+// shared store makes it happen once and then finds nothing left to do).
+// "wait" has already ended the waits held in the attempts' requests; a
+// store with waits of its own (a lock wait) ends them too.
+func (st *stepped) happen(ctx context.Context, e lab.TimeEvent) (string, error) {
+	stores, names, err := st.stores()
+	if err != nil {
+		return "", err
+	}
+	var did []string
+	for i, store := range stores {
+		tm, ok := store.(lab.TimeMover)
+		if !ok {
+			if e == lab.EventWait {
+				continue
+			}
+			return "", lab.Invalid("event", "%s has no %s to make happen", st.req.Store, e)
+		}
+		if err := tm.MakeHappen(ctx, st.scope(), e); err != nil {
+			return "", err
+		}
+		if names[i] != "" {
+			did = append(did, names[i])
+		}
+	}
+	what := map[lab.TimeEvent]string{lab.EventTTL: "the claim's TTL ran out", lab.EventLease: "the claim's lease ended",
+		lab.EventWindow: "the retention window passed", lab.EventWait: "the lab's bounded waits ended"}[e]
+	if len(did) > 0 {
+		what += " (" + strings.Join(did, ", ") + ")"
+	}
+	return what, nil
+}
+
+// inspect reads what each replica's store holds for the run's key.
+func (st *stepped) inspect(ctx context.Context) []lab.KeyInspection {
+	stores, names, err := st.stores()
+	if err != nil {
+		return []lab.KeyInspection{{Where: string(st.req.Store), State: "unknown", Facts: []string{err.Error()}}}
+	}
+	out := []lab.KeyInspection{}
+	for i, store := range stores {
+		ki, ok := store.(lab.KeyInspector)
+		if !ok {
+			continue
+		}
+		in, err := ki.Inspect(ctx, st.scope())
+		if err != nil {
+			in = lab.KeyInspection{Where: string(st.req.Store), State: "unknown", Facts: []string{err.Error()}}
+		}
+		if names[i] != "" {
+			in.Where = names[i] + ": " + in.Where
+		}
+		if in.Facts == nil {
+			in.Facts = []string{}
+		}
+		out = append(out, in)
+	}
+	return out
+}
+
+// send sends one stepped attempt as a client would, and reads its answer.
+// The first attempt carries the run's fault; every attempt its store
+// parameters.
+func (st *stepped) send(ctx context.Context, n int, key, header string) step.Answer {
+	target := st.run.Spec().Replicas[n-1]
+	faults := st.req.Faults
+	if n > 1 {
+		faults.Point = ""
+	}
 	body := fmt.Sprintf(`{"account":%q,"amount_cents":%d,"currency":"USD"}`, DefaultAccount, DefaultAmount)
-	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/charges?store="+string(store), strings.NewReader(body))
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, target+"/charges?store="+url.QueryEscape(string(st.req.Store)), strings.NewReader(body))
 	if err != nil {
 		return step.Answer{Error: fmt.Sprintf("error building the request: %v", err)}
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("Authorization", "Bearer "+id.Token)
+	hr.Header.Set("Authorization", "Bearer "+st.id.Token)
 	hr.Header.Set(lab.KeyHeader, key)
 	hr.Header.Set(step.Header, header)
+	if f := faults.String(); f != "" {
+		hr.Header.Set(lab.FaultHeader, f)
+	}
 	// No client timeout: a stepped attempt waits for its turn as long as
 	// the run lives, and the run's end cancels ctx.
-	client := &http.Client{Transport: s.cfg.Runner.Client.Transport}
+	client := &http.Client{Transport: st.s.cfg.Runner.Client.Transport}
 	resp, err := client.Do(hr)
 	if err != nil {
 		return step.Answer{Error: fmt.Sprintf("error sending the attempt: %v", err)}
@@ -113,6 +258,14 @@ func (s *Service) sendStepped(ctx context.Context, id tenants.Identity, target s
 	}
 	if resp.StatusCode < 300 && json.Unmarshal(data, &charge) == nil {
 		ans.ChargeID = charge.ID
+	}
+	if resp.StatusCode >= 400 {
+		var p struct {
+			Code string `json:"code"`
+		}
+		if json.Unmarshal(data, &p) == nil {
+			ans.Code = p.Code
+		}
 	}
 	return ans
 }

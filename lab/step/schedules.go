@@ -1,49 +1,98 @@
 package step
 
 import (
-	"strconv"
-	"strings"
+	"fmt"
 
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// Schedule is a named interleaving: which attempt moves at each step, and
-// the outcome it gives every time.
+// Schedule is a named interleaving: which attempt moves at each step (or
+// which time-driven event happens), and the outcome it gives every time.
 type Schedule struct {
 	Name     string        `json:"name"`
 	Store    lab.StoreName `json:"store"`
 	Replicas int           `json:"replicas"`
 	Attempts int           `json:"attempts"`
-	Steps    []int         `json:"steps"`
-	Charges  int           `json:"charges"` // ledger entries it leaves for the key
-	Shows    string        `json:"shows"`
+	// Faults is the Lab-Fault the run's attempts carry: a fault for the
+	// first, the store's parameters (ttl_ms) for all.
+	Faults  string `json:"faults,omitempty"`
+	Steps   []Move `json:"steps"`
+	Charges int    `json:"charges"` // ledger entries it leaves for the key
+	Shows   string `json:"shows"`
+}
+
+// moves writes a schedule compactly: numbers are attempts, strings events.
+func moves(ms ...any) []Move {
+	out := make([]Move, 0, len(ms))
+	for _, m := range ms {
+		switch m := m.(type) {
+		case int:
+			out = append(out, A(m))
+		case lab.TimeEvent:
+			out = append(out, E(m))
+		default:
+			panic(fmt.Sprintf("step: a move is an attempt or an event, not %T", m))
+		}
+	}
+	return out
 }
 
 // Schedules are the named schedules, one per cell of the lesson that has
 // one. The store names are the variants' own.
 func Schedules() []Schedule {
+	ttl, lease, window := lab.EventTTL, lab.EventLease, lab.EventWindow
 	return []Schedule{
 		{Name: "look-first-both-look", Store: "look-first", Replicas: 1, Attempts: 2, Charges: 2,
 			// 1,2: both at before_claim; 1,2: both looked and found nothing;
 			// 1,1: attempt 1 charges and answers; 2,2: so does attempt 2.
-			Steps: []int{1, 2, 1, 2, 1, 1, 2, 2},
+			Steps: moves(1, 2, 1, 2, 1, 1, 2, 2),
 			Shows: "both look, then both write: each found nothing, so each charged — the check and the act are two steps"},
 		{Name: "look-first-one-after-the-other", Store: "look-first", Replicas: 1, Attempts: 2, Charges: 1,
 			// attempt 1 looks, charges and answers; attempt 2 then looks and replays.
-			Steps: []int{1, 1, 1, 1, 2, 2},
+			Steps: moves(1, 1, 1, 1, 2, 2),
 			Shows: "one looks and writes, then the other looks: it finds the answer and replays — the same design, decided by the interleaving alone"},
 		{Name: "memory-both-claim", Store: "memory", Replicas: 2, Attempts: 2, Charges: 2,
 			// each attempt claims in its own replica's map before either completes.
-			Steps: []int{1, 2, 1, 2, 1, 1, 2, 2},
+			Steps: moves(1, 2, 1, 2, 1, 1, 2, 2),
 			Shows: "both claim before either completes, on two replicas: each replica's map said yes, and each charged"},
+		{Name: "memory-one-replica", Store: "memory", Replicas: 1, Attempts: 2, Charges: 1,
+			// 1,1: attempt 1 claims; 2,2: attempt 2 finds the claim and
+			// waits on it (blocked); 1,1: attempt 1 charges and completes,
+			// which wakes attempt 2 with the answer to replay.
+			Steps: moves(1, 1, 2, 2, 1, 1),
+			Shows: "the same moves on one replica: attempt 2 finds attempt 1's claim in the one map and waits for its answer"},
+		{Name: "memory-after-the-window", Store: "memory", Replicas: 1, Attempts: 2, Charges: 2,
+			// attempt 1 charges and answers; the retention window passes;
+			// attempt 2, a late retry, finds no key and charges again.
+			Steps: moves(1, 1, 1, 1, window, 2, 2, 2, 2),
+			Shows: "a retry after the retention window: the key is forgotten, so the late retry is a new charge"},
+		{Name: "redis-ttl-runs-out", Store: "redis", Replicas: 1, Attempts: 2, Charges: 2, Faults: "ttl_ms=60000",
+			// 1,1: attempt 1 claims (a 60 s TTL) and pauses before its
+			// charge; ttl: the claim's TTL runs out, now; 2,2: attempt 2
+			// claims the free key; 1,1,2,2: both charge and answer.
+			Steps: moves(1, 1, ttl, 2, 2, 1, 1, 2, 2),
+			Shows: "the claim's TTL runs out while its owner still works: a retry claims the key again and both charge — a lock with a TTL is no fence"},
+		{Name: "redis-ttl-holds", Store: "redis", Replicas: 1, Attempts: 2, Charges: 1, Faults: "ttl_ms=60000",
+			// without the TTL's end: attempt 2 finds the claim and waits
+			// (blocked), and replays once attempt 1 completes.
+			Steps: moves(1, 1, 2, 2, 1, 1),
+			Shows: "the same moves while the claim lives: attempt 2 waits on it and replays attempt 1's answer"},
 		{Name: "postgres-both-claim", Store: "postgres", Replicas: 2, Attempts: 2, Charges: 1,
 			// 1,2: both before the claim; 1: attempt 1 inserts the key row
 			// and pauses in its transaction; 2: attempt 2's INSERT blocks on
 			// the unique index; 1,1: attempt 1 charges, then stores its
 			// response and commits, which releases attempt 2; 2: attempt 2
 			// reads the committed row and replays it.
-			Steps: []int{1, 2, 1, 2, 1, 1, 2},
+			Steps: moves(1, 2, 1, 2, 1, 1, 2),
 			Shows: "the same moves on PostgreSQL: attempt 2 waits on the unique index until attempt 1 commits, then replays its answer"},
+		{Name: "lease-stale-worker-fenced", Store: "lease", Replicas: 1, Attempts: 2, Charges: 1,
+			// 1,1: attempt 1 claims (token 1) and pauses in its work, a
+			// stalled worker that renews nothing; lease: its lease ends;
+			// 2,2: attempt 2 takes the key over (token 2); 2: it charges
+			// and answers; 1: attempt 1 wakes and writes with token 1,
+			// which the ledger refuses: it answers with attempt 2's charge.
+			Steps: moves(1, 1, lease, 2, 2, 2, 1),
+			Shows: "a worker stalls past its lease, a retry takes over, and the stalled worker's write is refused by the fence: one charge"},
 	}
 }
 
@@ -55,24 +104,4 @@ func FindSchedule(name string) (Schedule, bool) {
 		}
 	}
 	return Schedule{}, false
-}
-
-// ParseSteps reads a schedule such as "2,1,1,2" for a run of n attempts.
-func ParseSteps(raw string, n int) ([]int, error) {
-	if raw == "" {
-		return nil, lab.Invalid("schedule", "must list attempts such as 1,2,1,2")
-	}
-	parts := strings.Split(raw, ",")
-	if len(parts) > 64*MaxAttempts {
-		return nil, lab.Invalid("schedule", "must have at most %d moves (got %d)", 64*MaxAttempts, len(parts))
-	}
-	steps := make([]int, 0, len(parts))
-	for _, p := range parts {
-		a, err := strconv.Atoi(strings.TrimSpace(p))
-		if err != nil || a < 1 || a > n {
-			return nil, lab.Invalid("schedule", "each move must be an attempt in 1..%d (got %q)", n, p)
-		}
-		steps = append(steps, a)
-	}
-	return steps, nil
 }

@@ -16,6 +16,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,6 +33,9 @@ const Header = "Lab-Step"
 const (
 	MinAttempts = 2
 	MaxAttempts = 8
+	// MaxMoves bounds a schedule, and a drawn one: far more than any
+	// interleaving of MaxAttempts attempts through every point needs.
+	MaxMoves = 64 * MaxAttempts
 )
 
 // State is where one attempt stands.
@@ -59,6 +63,7 @@ type Answer struct {
 	ChargeID string `json:"charge_id,omitempty"`
 	Replayed bool   `json:"replayed"`
 	Replica  string `json:"replica,omitempty"`
+	Code     string `json:"code,omitempty"`  // a problem's code
 	Error    string `json:"error,omitempty"` // the request itself failed (aborted, connection dropped)
 }
 
@@ -66,6 +71,28 @@ type Answer struct {
 // Idempotency-Key key, carrying header in Header, and returns what the API
 // answered. ctx ends when the run is aborted.
 type Sender func(ctx context.Context, n int, key, header string) Answer
+
+// Hooks are what the stepper asks of the lab: to send an attempt, to make
+// a time-driven event happen on the store, to read what the store holds
+// for the key, and to record the run once it is over.
+type Hooks struct {
+	Send Sender
+	// Happen makes e happen to the run's key on the real store, and says
+	// what it did in a few words.
+	Happen func(ctx context.Context, e lab.TimeEvent) (string, error)
+	// Inspect reads what the store holds for the run's key now.
+	Inspect func(ctx context.Context) []lab.KeyInspection
+	// Over records the finished run (its history, checked) and says what
+	// it found; called once, by the move that ended it.
+	Over func(ctx context.Context, v View) Verdict
+}
+
+// Verdict is what recording a finished stepped run found.
+type Verdict struct {
+	RunID      string `json:"run_id"` // the run in the history (GET /lab/runs/{id})
+	Checked    string `json:"checked"`
+	CheckedWhy string `json:"checked_why"`
+}
 
 // The stepper's bounds as the lab runs it.
 const (
@@ -115,14 +142,18 @@ type Spec struct {
 	Attempts  int
 	Replicas  []string // the replica each attempt reaches, by attempt
 	Schedule  string   // the named schedule it plays, "" for none
+	Planned   []Move   // the named schedule's moves
+	Faults    string   // the Lab-Fault its first attempt carries, "" for none
 }
 
 // Start opens a stepped run; nothing is sent until an advance.
-func (g *Registry) Start(spec Spec, send Sender) (*Run, error) {
-	if spec.Attempts < MinAttempts || spec.Attempts > MaxAttempts {
+func (g *Registry) Start(spec Spec, hooks Hooks) (*Run, error) {
+	switch {
+	case hooks.Send == nil || hooks.Happen == nil || hooks.Inspect == nil || hooks.Over == nil:
+		return nil, errors.New("step: every hook is required")
+	case spec.Attempts < MinAttempts || spec.Attempts > MaxAttempts:
 		return nil, lab.Invalid("attempts", "must be in %d..%d for a stepped run (got %d)", MinAttempts, MaxAttempts, spec.Attempts)
-	}
-	if len(spec.Replicas) != spec.Attempts {
+	case len(spec.Replicas) != spec.Attempts:
 		return nil, fmt.Errorf("step: %d attempts need as many replicas, got %d", spec.Attempts, len(spec.Replicas))
 	}
 	id, err := newID()
@@ -141,9 +172,9 @@ func (g *Registry) Start(spec Spec, send Sender) (*Run, error) {
 		return nil, ErrRunning
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Run{reg: g, id: id, spec: spec, send: send, ctx: ctx, cancel: cancel}
+	r := &Run{reg: g, id: id, spec: spec, hooks: hooks, ctx: ctx, cancel: cancel, started: time.Now()}
 	for n := 1; n <= spec.Attempts; n++ {
-		r.attempts = append(r.attempts, &attempt{n: n, state: StateReady, moved: make(chan struct{})})
+		r.attempts = append(r.attempts, &attempt{n: n, state: StateReady, moved: make(chan struct{}), waitEnds: make(chan struct{})})
 	}
 	r.idle = time.AfterFunc(g.cfg.Idle, func() { r.abort(fmt.Sprintf("idle for %s", g.cfg.Idle)) })
 	g.byNS[spec.Namespace] = r
@@ -210,33 +241,55 @@ func newID() (string, error) {
 
 // Run is one stepped run.
 type Run struct {
-	reg    *Registry
-	id     string
-	spec   Spec
-	send   Sender
-	ctx    context.Context // ends when the run is aborted or over
-	cancel context.CancelFunc
-	idle   *time.Timer
-	sent   sync.WaitGroup // the attempts' requests
+	reg     *Registry
+	id      string
+	spec    Spec
+	hooks   Hooks
+	ctx     context.Context // ends when the run is aborted or over
+	cancel  context.CancelFunc
+	idle    *time.Timer
+	sent    sync.WaitGroup // the attempts' requests
+	started time.Time      // the run's time axis starts here
 
-	advancing sync.Mutex // one advance at a time
+	advancing sync.Mutex // one move at a time
 
 	mu       sync.Mutex
 	attempts []*attempt
-	steps    []int  // the attempts advanced, in order: the schedule played so far
-	aborted  string // why, once aborted
+	moves    []MoveRecord // every move made, in order, with what followed it
+	aborted  string       // why, once aborted
+	verdict  *Verdict     // once the finished run is recorded
+}
+
+// MoveRecord is one move of a stepped run and where the run stood after it.
+type MoveRecord struct {
+	Move     Move                `json:"move"`
+	AtMS     float64             `json:"at_ms"` // when it was made, on the run's axis
+	Did      string              `json:"did"`   // what the move did, in a few words
+	Attempts []AttemptStand      `json:"attempts"`
+	Store    []lab.KeyInspection `json:"store_state"` // what the store held for the key after it
+}
+
+// AttemptStand is where one attempt stood after a move.
+type AttemptStand struct {
+	Attempt int            `json:"attempt"`
+	State   State          `json:"state"`
+	Point   lab.PausePoint `json:"point,omitempty"`
+	Status  int            `json:"status,omitempty"` // once answered
 }
 
 // attempt is one attempt's standing, guarded by its run's mu.
 type attempt struct {
-	n      int
-	state  State
-	point  lab.PausePoint   // where it is paused
-	passed []lab.PausePoint // every point it reached, in order
-	answer *Answer
-	gated  bool          // a request took its gate
-	turn   chan struct{} // closed to let it go on from its point
-	moved  chan struct{} // closed and replaced at each change of state
+	n        int
+	state    State
+	point    lab.PausePoint   // where it is paused
+	passed   []lab.PausePoint // every point it reached, in order
+	answer   *Answer
+	gated    bool          // a request took its gate
+	turn     chan struct{} // closed to let it go on from its point
+	moved    chan struct{} // closed and replaced at each change of state
+	waitEnds chan struct{} // closed and replaced by a "wait" move while it is blocked
+	sentAt   time.Time
+	answerAt time.Time
 }
 
 // setLocked changes a's state and wakes whoever waits for it to move.
@@ -251,6 +304,9 @@ func (r *Run) ID() string { return r.id }
 
 // Spec is what the run charges, and where.
 func (r *Run) Spec() Spec { return r.spec }
+
+// Started is when the run opened: its time axis starts there.
+func (r *Run) Started() time.Time { return r.started }
 
 func (r *Run) live() bool {
 	r.mu.Lock()
@@ -267,12 +323,9 @@ func (r *Run) overLocked() bool {
 	return true
 }
 
-// Advance moves attempt n (1-based) one move: a ready attempt is sent, a
-// paused one released, and the advance returns once it reaches its next
-// point, answers, or is found blocked after the settle time. When it
-// answered, attempts blocked in the store are given the settle time to
-// move too, since its end may have released them.
-func (r *Run) Advance(ctx context.Context, n int) error {
+// Advance makes one move: an attempt's (see move) or an event's (see happen).
+// Once the move ends the run, the run is recorded (Hooks.Over).
+func (r *Run) Advance(ctx context.Context, m Move) error {
 	r.advancing.Lock()
 	defer r.advancing.Unlock()
 	r.mu.Lock()
@@ -283,16 +336,59 @@ func (r *Run) Advance(ctx context.Context, n int) error {
 	case r.overLocked():
 		r.mu.Unlock()
 		return ErrFinished
-	case n < 1 || n > len(r.attempts):
+	case m.Event == "" && (m.Attempt < 1 || m.Attempt > len(r.attempts)):
 		r.mu.Unlock()
-		return lab.Invalid("attempt", "must be in 1..%d (got %d)", len(r.attempts), n)
+		return lab.Invalid("attempt", "must be in 1..%d (got %d)", len(r.attempts), m.Attempt)
 	}
-	a := r.attempts[n-1]
+	r.idle.Reset(r.reg.cfg.Idle)
+	r.mu.Unlock()
+
+	at := time.Since(r.started)
+	var did string
+	var err error
+	if m.Event != "" {
+		did, err = r.happen(ctx, m.Event)
+	} else {
+		did, err = r.move(ctx, r.attempts[m.Attempt-1])
+	}
+	if err != nil {
+		return err
+	}
+	store := r.hooks.Inspect(ctx)
+	r.mu.Lock()
+	rec := MoveRecord{Move: m, AtMS: float64(at.Microseconds()) / 1000, Did: did, Store: store}
+	for _, a := range r.attempts {
+		st := AttemptStand{Attempt: a.n, State: a.state, Point: a.point}
+		if a.answer != nil {
+			st.Status = a.answer.Status
+		}
+		rec.Attempts = append(rec.Attempts, st)
+	}
+	r.moves = append(r.moves, rec)
+	over, recorded := r.overLocked() && r.aborted == "", r.verdict != nil
+	r.mu.Unlock()
+	if over && !recorded {
+		v := r.hooks.Over(ctx, r.View())
+		r.mu.Lock()
+		r.verdict = &v
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// move moves attempt a once: a ready attempt is sent, a paused one
+// released, and the move ends once it reaches its next point, answers, or
+// is found blocked after the settle time. When it answered, attempts
+// blocked in the store are given the settle time to move too, since its
+// end may have released them.
+func (r *Run) move(ctx context.Context, a *attempt) (string, error) {
+	r.mu.Lock()
 	switch a.state {
 	case StateAnswered:
 		r.mu.Unlock()
-		return lab.Invalid("attempt", "attempt %d has already answered", n)
+		return "", lab.Invalid("attempt", "attempt %d has already answered", a.n)
 	case StateReady:
+		a.sentAt = time.Now()
 		a.setLocked(StateMoving)
 		r.sent.Add(1)
 		go r.run(a)
@@ -302,20 +398,67 @@ func (r *Run) Advance(ctx context.Context, n int) error {
 		a.setLocked(StateMoving)
 	}
 	// Moving or blocked: wait for it to move on.
-	r.steps = append(r.steps, n)
-	r.idle.Reset(r.reg.cfg.Idle)
 	r.mu.Unlock()
 
 	if err := r.await(ctx, a, StateMoving, StateBlocked); err != nil {
-		return err
+		return "", err
 	}
 	r.mu.Lock()
 	answered := a.state == StateAnswered
 	r.mu.Unlock()
 	if answered {
-		return r.settleBlocked(ctx)
+		if err := r.settleBlocked(ctx); err != nil {
+			return "", err
+		}
 	}
-	return nil
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.describeLocked(a), nil
+}
+
+// happen makes a time-driven event happen now. "wait" ends the bounded
+// waits of the attempts blocked in the store, here and on the store
+// itself (a lock wait); every event then gives blocked attempts the
+// settle time to move, since it may have released them.
+func (r *Run) happen(ctx context.Context, e lab.TimeEvent) (string, error) {
+	if e == lab.EventWait {
+		r.mu.Lock()
+		for _, a := range r.attempts {
+			if a.state == StateBlocked || a.state == StateMoving {
+				close(a.waitEnds)
+				a.waitEnds = make(chan struct{})
+			}
+		}
+		r.mu.Unlock()
+	}
+	did, err := r.hooks.Happen(ctx, e)
+	if err != nil {
+		return "", err
+	}
+	if err := r.settleBlocked(ctx); err != nil {
+		return "", err
+	}
+	return did, nil
+}
+
+// describeLocked says where a stands after its move.
+func (r *Run) describeLocked(a *attempt) string {
+	switch a.state {
+	case StatePaused:
+		return fmt.Sprintf("attempt %d paused at %s", a.n, a.point)
+	case StateAnswered:
+		if a.answer.Error != "" {
+			return fmt.Sprintf("attempt %d got no answer: %s", a.n, a.answer.Error)
+		}
+		what := "answered"
+		if a.answer.Replayed {
+			what = "answered with a replay"
+		}
+		return fmt.Sprintf("attempt %d %s: %d", a.n, what, a.answer.Status)
+	case StateBlocked:
+		return fmt.Sprintf("attempt %d is blocked in the store", a.n)
+	}
+	return fmt.Sprintf("attempt %d is %s", a.n, a.state)
 }
 
 // settleBlocked gives every blocked attempt the settle time to move.
@@ -323,27 +466,65 @@ func (r *Run) settleBlocked(ctx context.Context) error {
 	r.mu.Lock()
 	var blocked []*attempt
 	for _, o := range r.attempts {
-		if o.state == StateBlocked {
+		if o.state == StateBlocked || o.state == StateMoving {
 			blocked = append(blocked, o)
 		}
 	}
 	r.mu.Unlock()
 	for _, o := range blocked {
-		if err := r.await(ctx, o, StateBlocked); err != nil {
+		if err := r.await(ctx, o, StateBlocked, StateMoving); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// Play advances the attempts of schedule in order.
-func (r *Run) Play(ctx context.Context, schedule []int) error {
-	for i, n := range schedule {
-		if err := r.Advance(ctx, n); err != nil {
-			return fmt.Errorf("error at move %d of the schedule (attempt %d): %w", i+1, n, err)
+// Play makes the moves of a schedule in order.
+func (r *Run) Play(ctx context.Context, moves []Move) error {
+	for i, m := range moves {
+		if err := r.Advance(ctx, m); err != nil {
+			return fmt.Errorf("error at move %d of the schedule (%s): %w", i+1, m, err)
 		}
 	}
 	return nil
+}
+
+// PlaySeed plays an interleaving drawn from seed until the run is over:
+// at each step one attempt that can move (ready or paused), drawn
+// uniformly; when none can but some are blocked in the store, the lab's
+// bounded waits end ("wait"). The same seed draws the same moves as long
+// as the store answers the same way, which is what a schedule promises.
+func (r *Run) PlaySeed(ctx context.Context, seed uint64) error {
+	rng := mrand.New(mrand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for range MaxMoves {
+		r.mu.Lock()
+		if r.overLocked() || r.aborted != "" {
+			r.mu.Unlock()
+			return nil
+		}
+		var movable []int
+		blocked := false
+		for _, a := range r.attempts {
+			switch a.state {
+			case StateReady, StatePaused:
+				movable = append(movable, a.n)
+			case StateBlocked, StateMoving:
+				blocked = true
+			}
+		}
+		r.mu.Unlock()
+		m := E(lab.EventWait)
+		switch {
+		case len(movable) > 0:
+			m = A(movable[rng.IntN(len(movable))])
+		case !blocked:
+			return nil
+		}
+		if err := r.Advance(ctx, m); err != nil {
+			return fmt.Errorf("error at a drawn move (%s): %w", m, err)
+		}
+	}
+	return fmt.Errorf("the drawn schedule did not end the run within %d moves", MaxMoves)
 }
 
 // await waits while a stays in one of the states, for at most the settle
@@ -379,9 +560,9 @@ func (r *Run) await(ctx context.Context, a *attempt, while ...State) error {
 // run sends attempt a and records its answer.
 func (r *Run) run(a *attempt) {
 	defer r.sent.Done()
-	ans := r.send(r.ctx, a.n, r.spec.Key, r.id+"/"+strconv.Itoa(a.n))
+	ans := r.hooks.Send(r.ctx, a.n, r.spec.Key, r.id+"/"+strconv.Itoa(a.n))
 	r.mu.Lock()
-	a.answer, a.point, a.turn = &ans, "", nil
+	a.answer, a.point, a.turn, a.answerAt = &ans, "", nil, time.Now()
 	a.setLocked(StateAnswered)
 	over := r.overLocked()
 	r.mu.Unlock()
@@ -409,6 +590,16 @@ func (r *Run) wait() { r.sent.Wait() }
 type gate struct {
 	r *Run
 	a *attempt
+}
+
+// Name is the attempt's "<run id>/<attempt>".
+func (g gate) Name() string { return g.r.id + "/" + strconv.Itoa(g.a.n) }
+
+// WaitEnds is closed by the next "wait" move made while the attempt waits.
+func (g gate) WaitEnds() <-chan struct{} {
+	g.r.mu.Lock()
+	defer g.r.mu.Unlock()
+	return g.a.waitEnds
 }
 
 // Reach parks the attempt at p until its next advance.

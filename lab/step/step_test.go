@@ -2,6 +2,7 @@ package step_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -59,7 +60,7 @@ func setup(t *testing.T, idle time.Duration, scripts ...script) (*step.Registry,
 		}
 		return step.Answer{Status: 201, ChargeID: "ch", Replayed: n > 1}
 	}
-	run, err := reg.Start(step.Spec{Namespace: "ns", Store: "memory", Attempts: len(scripts), Replicas: slices.Repeat([]string{"r1"}, len(scripts))}, send)
+	run, err := reg.Start(step.Spec{Namespace: "ns", Store: "memory", Attempts: len(scripts), Replicas: slices.Repeat([]string{"r1"}, len(scripts))}, hooks(send))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,24 +80,24 @@ func TestAdvance(t *testing.T) {
 			t.Fatalf("before any advance attempt 1 is %s", a.State)
 		}
 		for i, want := range path {
-			if err := run.Advance(t.Context(), 1); err != nil {
+			if err := run.Advance(t.Context(), step.A(1)); err != nil {
 				t.Fatal(err)
 			}
 			if a := stand(t, run, 1); a.State != step.StatePaused || a.Point != want || len(a.Passed) != i+1 {
 				t.Fatalf("after move %d attempt 1 is %+v, want paused at %s", i+1, a, want)
 			}
 		}
-		if err := run.Play(t.Context(), []int{1, 2, 2}); err != nil {
+		if err := run.Play(t.Context(), moves(1, 2, 2)); err != nil {
 			t.Fatal(err)
 		}
 		v := run.View()
 		if !v.Over || v.Attempts[0].Answer == nil || v.Attempts[1].Answer == nil || !v.Attempts[1].Answer.Replayed {
 			t.Fatalf("want both answered: %+v", v)
 		}
-		if !slices.Equal(v.Steps, []int{1, 1, 1, 2, 2}) {
+		if step.FormatMoves(v.Steps) != "1,1,1,2,2" {
 			t.Fatalf("steps %v", v.Steps)
 		}
-		if err := run.Advance(t.Context(), 1); !errors.Is(err, step.ErrFinished) {
+		if err := run.Advance(t.Context(), step.A(1)); !errors.Is(err, step.ErrFinished) {
 			t.Fatalf("an advance after the end: %v", err)
 		}
 	})
@@ -111,19 +112,19 @@ func TestBlockedThenReleased(t *testing.T) {
 		_, run, _ := setup(t, time.Minute,
 			script{points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim}, release: ended},
 			script{points: []lab.PausePoint{lab.PointBeforeClaim}, blockOn: ended, after: lab.PointBeforeReplayRead})
-		if err := run.Play(t.Context(), []int{1, 2, 1, 2}); err != nil {
+		if err := run.Play(t.Context(), moves(1, 2, 1, 2)); err != nil {
 			t.Fatal(err)
 		}
 		if a := stand(t, run, 2); a.State != step.StateBlocked || a.Blocked == "" {
 			t.Fatalf("attempt 2 is %+v, want blocked", a)
 		}
-		if err := run.Advance(t.Context(), 1); err != nil {
+		if err := run.Advance(t.Context(), step.A(1)); err != nil {
 			t.Fatal(err)
 		}
 		if a := stand(t, run, 2); a.State != step.StatePaused || a.Point != lab.PointBeforeReplayRead {
 			t.Fatalf("attempt 2 is %+v, want paused at before_replay_read once attempt 1 ended", a)
 		}
-		if err := run.Advance(t.Context(), 2); err != nil || !run.View().Over {
+		if err := run.Advance(t.Context(), step.A(2)); err != nil || !run.View().Over {
 			t.Fatalf("err=%v, view %+v", err, run.View())
 		}
 	})
@@ -133,7 +134,7 @@ func TestIdleRunIsAborted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := []lab.PausePoint{lab.PointBeforeClaim}
 		reg, run, reached := setup(t, time.Minute, script{points: path}, script{points: path})
-		if err := run.Advance(t.Context(), 1); err != nil {
+		if err := run.Advance(t.Context(), step.A(1)); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(time.Minute + time.Second)
@@ -144,10 +145,10 @@ func TestIdleRunIsAborted(t *testing.T) {
 		if !errors.Is(reached[0], step.ErrAborted) {
 			t.Fatalf("the paused attempt's gate gave %v", reached[0])
 		}
-		if err := run.Advance(t.Context(), 2); !errors.Is(err, step.ErrAborted) {
+		if err := run.Advance(t.Context(), step.A(2)); !errors.Is(err, step.ErrAborted) {
 			t.Fatalf("advancing an aborted run: %v", err)
 		}
-		if _, err := reg.Start(step.Spec{Namespace: "ns", Attempts: 2, Replicas: []string{"r1", "r1"}}, nil); err != nil {
+		if _, err := reg.Start(step.Spec{Namespace: "ns", Attempts: 2, Replicas: []string{"r1", "r1"}}, hooks(nil)); err != nil {
 			t.Fatalf("an aborted run still holds its namespace: %v", err)
 		}
 	})
@@ -157,11 +158,11 @@ func TestOneRunPerNamespace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg, run, _ := setup(t, time.Minute, script{}, script{})
 		spec := step.Spec{Namespace: "ns", Attempts: 2, Replicas: []string{"r1", "r1"}}
-		if _, err := reg.Start(spec, nil); !errors.Is(err, step.ErrRunning) {
+		if _, err := reg.Start(spec, hooks(nil)); !errors.Is(err, step.ErrRunning) {
 			t.Fatalf("a second run of one namespace: %v", err)
 		}
 		spec.Namespace = "other"
-		if _, err := reg.Start(spec, nil); err != nil {
+		if _, err := reg.Start(spec, hooks(nil)); err != nil {
 			t.Fatalf("another namespace's run: %v", err)
 		}
 		if _, err := reg.Find("other", run.ID()); !errors.Is(err, step.ErrNotFound) {
@@ -183,7 +184,7 @@ func TestGateRefused(t *testing.T) {
 				t.Errorf("%s: gate given for %q", name, header)
 			}
 		}
-		if err := run.Advance(t.Context(), 1); err != nil {
+		if err := run.Advance(t.Context(), step.A(1)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := reg.Gate("ns", run.ID()+"/1"); err == nil {
@@ -195,20 +196,28 @@ func TestGateRefused(t *testing.T) {
 	})
 }
 
-func TestParseSteps(t *testing.T) {
-	if got, err := step.ParseSteps("2,1, 1,2", 2); err != nil || !slices.Equal(got, []int{2, 1, 1, 2}) {
+func TestParseMoves(t *testing.T) {
+	if got, err := step.ParseMoves("2,1, ttl,2", 2); err != nil || step.FormatMoves(got) != "2,1,ttl,2" {
 		t.Fatalf("got %v, %v", got, err)
 	}
-	for _, bad := range []string{"", "1,3", "0", "1,,2", "a"} {
-		if _, err := step.ParseSteps(bad, 2); err == nil {
+	for _, bad := range []string{"", "1,3", "0", "1,,2", "a", "TTL"} {
+		if _, err := step.ParseMoves(bad, 2); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+	b, err := json.Marshal(moves(1, 2))
+	if err != nil || string(b) != "[1,2]" {
+		t.Fatalf("moves as JSON: %s %v", b, err)
+	}
+	var back []step.Move
+	if err := json.Unmarshal([]byte(`[1,"lease",2]`), &back); err != nil || step.FormatMoves(back) != "1,lease,2" {
+		t.Fatalf("moves from JSON: %v %v", back, err)
 	}
 }
 
 func TestSchedulesAreWellFormed(t *testing.T) {
 	for _, s := range step.Schedules() {
-		if _, err := step.ParseSteps(fmtSteps(s.Steps), s.Attempts); err != nil || s.Replicas < 1 || s.Charges < 1 {
+		if _, err := step.ParseMoves(step.FormatMoves(s.Steps), s.Attempts); err != nil || s.Replicas < 1 || s.Charges < 1 {
 			t.Errorf("%s: %v (replicas %d, charges %d)", s.Name, err, s.Replicas, s.Charges)
 		}
 		if got, ok := step.FindSchedule(s.Name); !ok || got.Name != s.Name {
@@ -217,13 +226,24 @@ func TestSchedulesAreWellFormed(t *testing.T) {
 	}
 }
 
-func fmtSteps(steps []int) string {
-	b := make([]byte, 0, 2*len(steps))
-	for i, n := range steps {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = append(b, byte('0'+n))
+// moves are attempts' moves.
+func moves(ns ...int) []step.Move {
+	out := make([]step.Move, len(ns))
+	for i, n := range ns {
+		out[i] = step.A(n)
 	}
-	return string(b)
+	return out
+}
+
+// hooks sends with send and does nothing else.
+func hooks(send step.Sender) step.Hooks {
+	if send == nil {
+		send = func(context.Context, int, string, string) step.Answer { return step.Answer{Status: 201} }
+	}
+	return step.Hooks{
+		Send:    send,
+		Happen:  func(context.Context, lab.TimeEvent) (string, error) { return "it happened", nil },
+		Inspect: func(context.Context) []lab.KeyInspection { return nil },
+		Over:    func(context.Context, step.View) step.Verdict { return step.Verdict{RunID: "r"} },
+	}
 }

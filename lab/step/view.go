@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 )
@@ -14,10 +15,19 @@ type View struct {
 	Store    lab.StoreName `json:"store"`
 	Key      string        `json:"key"`
 	Schedule string        `json:"schedule,omitempty"` // the named schedule played, if any
-	Steps    []int         `json:"steps"`              // the attempts advanced so far, in order
+	Planned  []Move        `json:"planned,omitempty"`  // the named schedule's moves
+	Faults   string        `json:"faults,omitempty"`   // the Lab-Fault of its first attempt
+	Steps    []Move        `json:"steps"`              // the moves made so far, in order: the schedule to replay it
 	Over     bool          `json:"over"`               // every attempt answered
 	Aborted  string        `json:"aborted,omitempty"`  // why the run was aborted
 	Attempts []AttemptView `json:"attempts"`
+	// Moves are the moves made, each with where the attempts stood and
+	// what the store held for the key after it.
+	Moves []MoveRecord `json:"moves"`
+	// Store is what the store holds for the key now (as of the last move).
+	Holds []lab.KeyInspection `json:"store_state"`
+	// Verdict is the finished run as recorded in the history, checked.
+	*Verdict
 }
 
 // AttemptView is where one attempt stands.
@@ -29,6 +39,10 @@ type AttemptView struct {
 	Passed  []lab.PausePoint `json:"passed"`          // every point it reached
 	Blocked string           `json:"blocked_on,omitempty"`
 	Answer  *Answer          `json:"answer,omitempty"`
+	// SentMS and AnswerMS are when it was sent and answered, on the run's
+	// axis (from the run's opening); absent until then.
+	SentMS   *float64 `json:"sent_ms,omitempty"`
+	AnswerMS *float64 `json:"answer_ms,omitempty"`
 }
 
 // holds reports whether an attempt paused at p owns its key: an attempt
@@ -45,10 +59,17 @@ func holds(p lab.PausePoint) bool {
 func (r *Run) View() View {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	v := View{ID: r.id, Store: r.spec.Store, Key: r.spec.Key, Schedule: r.spec.Schedule,
-		Steps: slices.Clone(r.steps), Over: r.overLocked(), Aborted: r.aborted}
-	if v.Steps == nil {
-		v.Steps = []int{}
+	v := View{ID: r.id, Store: r.spec.Store, Key: r.spec.Key, Schedule: r.spec.Schedule, Planned: r.spec.Planned,
+		Faults: r.spec.Faults, Steps: []Move{}, Over: r.overLocked(), Aborted: r.aborted, Moves: slices.Clone(r.moves),
+		Holds: []lab.KeyInspection{}, Verdict: r.verdict}
+	for _, m := range r.moves {
+		v.Steps = append(v.Steps, m.Move)
+	}
+	if v.Moves == nil {
+		v.Moves = []MoveRecord{}
+	}
+	if len(r.moves) > 0 {
+		v.Holds = r.moves[len(r.moves)-1].Store
 	}
 	var holders []string
 	for _, a := range r.attempts {
@@ -63,6 +84,7 @@ func (r *Run) View() View {
 			ans := *a.answer
 			av.Answer = &ans
 		}
+		av.SentMS, av.AnswerMS = r.axis(a.sentAt), r.axis(a.answerAt)
 		if a.state == StateBlocked {
 			av.Blocked = "the store: it reached no pause point and no answer within the settle time"
 			if len(holders) > 0 {
@@ -72,4 +94,13 @@ func (r *Run) View() View {
 		v.Attempts = append(v.Attempts, av)
 	}
 	return v
+}
+
+// axis is t on the run's time axis, nil for a time not yet reached.
+func (r *Run) axis(t time.Time) *float64 {
+	if t.IsZero() {
+		return nil
+	}
+	ms := float64(t.Sub(r.started).Microseconds()) / 1000
+	return &ms
 }
