@@ -150,4 +150,7 @@ type KeyInspection struct {
 	Where string   `json:"where"` // the store and where it keeps the key
 	State string   `json:"state"` // in_flight, completed, unsettled, absent
 	Facts []string `json:"facts"` // "TTL 59.2 s left", "row locked by attempt 1"
+	// Blocked says, by attempt number, what the store sees an attempt
+	// wait on, when it can see it (a lock wait).
+	Blocked map[string]string `json:"blocked,omitempty"`
 }

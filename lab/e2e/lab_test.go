@@ -7,6 +7,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants"
+	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
@@ -38,7 +39,7 @@ func idempotentStores(t *testing.T) []lab.StoreName {
 func storeConfig(t *testing.T, store lab.StoreName) app.Config {
 	t.Helper()
 	switch store {
-	case postgres.Name:
+	case postgres.Name, lease.Name:
 		url, schema := labtest.Postgres(t)
 		return labConfig(func(c *app.Config) { c.DatabaseURL, c.PGSchema = url, schema })
 	case redis.Name:

@@ -2,12 +2,17 @@ package e2e_test
 
 import (
 	"net/http"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/variants/postgres"
+	"github.com/idempotency-lab/lab/variants/redis"
 )
 
 // stepReply is a stepped run as the routes answer it.
@@ -71,8 +76,12 @@ func TestStepPostgresShowsTheBlock(t *testing.T) {
 	if first.State != step.StatePaused || first.Point != lab.PointAfterClaim {
 		t.Fatalf("attempt 1 is %s at %q, want paused at after_claim", first.State, first.Point)
 	}
-	if second.State != step.StateBlocked || second.Blocked == "" {
-		t.Fatalf("attempt 2 is %s (blocked on %q), want blocked", second.State, second.Blocked)
+	if second.State != step.StateBlocked || !strings.Contains(second.Blocked, "held by attempt 1") {
+		t.Fatalf("attempt 2 is %s (blocked on %q), want blocked on attempt 1's transaction, as PostgreSQL sees it", second.State, second.Blocked)
+	}
+	if facts := strings.Join(mid.Holds[0].Facts, "; "); !strings.Contains(facts, "attempt 2 waits on") ||
+		!strings.Contains(facts, "attempt 1's transaction is open") || mid.Holds[0].State == lab.KeyCompleted {
+		t.Fatalf("the store's state mid-way: %+v", mid.Holds)
 	}
 	if mid.Ledger.Charges != 0 {
 		t.Fatalf("the books show %d charges before attempt 1 committed", mid.Ledger.Charges)
@@ -112,5 +121,134 @@ func TestStepHeaderRefused(t *testing.T) {
 	}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, ""); r.Status != http.StatusConflict {
 		t.Fatalf("a second stepped run of one namespace: %d %s", r.Status, r.Body)
+	}
+}
+
+// TestStepTheTTLsEndIsAMove plays the redis schedule with a 60 s claim TTL:
+// the store shows the claim with most of its TTL left before the ttl move
+// and nothing after it, so the move, not the clock, ended it; both attempts
+// then charge.
+func TestStepTheTTLsEndIsAMove(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, storeConfig(t, redis.Name))
+	r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule=redis-ttl-runs-out", nil, "")
+	if r.Status != http.StatusCreated {
+		t.Fatalf("play: %d %s", r.Status, r.Body)
+	}
+	run := labtest.Decode[stepReply](t, r)
+	at := slices.IndexFunc(run.Moves, func(m step.MoveRecord) bool { return m.Move.Event == lab.EventTTL })
+	if at < 1 || !run.Over {
+		t.Fatalf("no ttl move in a finished run: %s", r.Body)
+	}
+	before, after := run.Moves[at-1].Store[0], run.Moves[at].Store[0]
+	var left float64
+	m := regexp.MustCompile(`TTL ([0-9.]+) s left`).FindStringSubmatch(strings.Join(before.Facts, " "))
+	if m != nil {
+		left, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if before.State != lab.KeyInFlight || left < 50 {
+		t.Fatalf("before the ttl move the store held %+v, want the claim with 50-odd seconds left", before)
+	}
+	if after.State != lab.KeyAbsent {
+		t.Fatalf("after the ttl move the store held %+v, want nothing", after)
+	}
+	if got := keyCharges(t, a, "acme", redis.Name, run.Key); got != 2 || run.Ledger.Charges != 2 {
+		t.Fatalf("the books hold %d charges, want 2: %s", got, r.Body)
+	}
+}
+
+// TestStepTheWaitMove ends a blocked twin's bounded wait at one move: on
+// PostgreSQL the server cancels its lock wait, and the twin answers 409 as
+// its lock_timeout would have made it; the owner then charges once.
+func TestStepTheWaitMove(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=postgres&attempts=2", nil, "")
+	if started.Status != http.StatusCreated {
+		t.Fatalf("start: %d %s", started.Status, started.Body)
+	}
+	id := labtest.Decode[stepReply](t, started).ID
+	r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?schedule=1,2,1,2,wait", nil, "")
+	v := labtest.Decode[stepReply](t, r)
+	if r.Status != http.StatusOK {
+		t.Fatalf("advance: %d %s", r.Status, r.Body)
+	}
+	if ans := v.Attempts[1].Answer; ans == nil || ans.Status != http.StatusConflict || ans.Code != "idempotency_in_progress" {
+		t.Fatalf("after the wait move attempt 2 answered %+v, want 409 in_progress", ans)
+	}
+	r = labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?schedule=1,1", nil, "")
+	if v = labtest.Decode[stepReply](t, r); !v.Over || keyCharges(t, a, "acme", postgres.Name, v.Key) != 1 {
+		t.Fatalf("want one charge once over: %s", r.Body)
+	}
+}
+
+// TestStepSeededSchedules: a seed draws an interleaving, and the same seed
+// draws the same one with the same outcome.
+func TestStepSeededSchedules(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, labConfig())
+	play := func(seed string) stepReply {
+		t.Helper()
+		started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=look-first&attempts=3", nil, "")
+		id := labtest.Decode[stepReply](t, started).ID
+		r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?seed="+seed, nil, "")
+		v := labtest.Decode[stepReply](t, r)
+		if r.Status != http.StatusOK || !v.Over {
+			t.Fatalf("seed %s: %d %s", seed, r.Status, r.Body)
+		}
+		return v
+	}
+	for _, seed := range []string{"1", "7", "42"} {
+		x, y := play(seed), play(seed)
+		if step.FormatMoves(x.Steps) != step.FormatMoves(y.Steps) || x.Ledger.Charges != y.Ledger.Charges {
+			t.Fatalf("seed %s drew %s (%d charges), then %s (%d)", seed, step.FormatMoves(x.Steps), x.Ledger.Charges,
+				step.FormatMoves(y.Steps), y.Ledger.Charges)
+		}
+		if got := keyCharges(t, a, "acme", "look-first", y.Key); got != y.Ledger.Charges || got < 1 {
+			t.Fatalf("seed %s: the books hold %d charges, the answer says %d", seed, got, y.Ledger.Charges)
+		}
+	}
+}
+
+// TestAStepppedRunIsARun: once over, a stepped run is in the run history,
+// its history checked: look-first's double charge is a violation,
+// PostgreSQL's one charge linearizable.
+func TestAStepppedRunIsARun(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	for name, want := range map[string]string{"look-first-both-look": "violation", "postgres-both-claim": "linearizable"} {
+		r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule="+name, nil, "")
+		run := labtest.Decode[stepReply](t, r)
+		if run.Verdict == nil || run.Checked != want {
+			t.Fatalf("%s: checked %+v, want %s: %s", name, run.Verdict, want, r.Body)
+		}
+		got := labtest.Do(t, http.MethodGet, a.URL()+"/lab/runs/"+run.RunID, nil, "")
+		rep := labtest.Decode[struct {
+			Checked  string `json:"checked"`
+			Scenario string `json:"scenario"`
+			Key      int    `json:"key_charges"`
+		}](t, got)
+		if got.Status != http.StatusOK || rep.Checked != want || rep.Scenario != "stepped" || rep.Key != run.Ledger.Charges {
+			t.Fatalf("%s in the history: %d %s", name, got.Status, got.Body)
+		}
+		if h := labtest.Do(t, http.MethodGet, a.URL()+"/lab/runs/"+run.RunID+"/history.html", nil, ""); h.Status != http.StatusOK {
+			t.Fatalf("%s's history picture: %d", name, h.Status)
+		}
+	}
+}
+
+// TestStepRefusesTimeDrivenFaults: a fault that time decides is a move in
+// a stepped run, and asking for it is a 400 naming the move.
+func TestStepRefusesTimeDrivenFaults(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, labConfig())
+	r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2&fault=stale_worker", nil, "")
+	if p := labtest.Decode[lab.Problem](t, r); r.Status != http.StatusBadRequest || p.Param != "fault" || !strings.Contains(p.Detail, "lease move") {
+		t.Fatalf("want 400 naming fault: %d %s", r.Status, r.Body)
+	}
+	r = labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, "")
+	id := labtest.Decode[stepReply](t, r).ID
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?event=lease", nil, ""); r.Status != http.StatusBadRequest {
+		t.Fatalf("a lease move on memory: %d %s", r.Status, r.Body)
 	}
 }

@@ -57,7 +57,7 @@ func (st *stepped) over(ctx context.Context, v step.View) step.Verdict {
 		call, ret := us(a.SentMS), us(a.AnswerMS)
 		h.Ops = append(h.Ops, history.Op{Kind: history.Charge, Client: a.Attempt, CallUS: call, ReturnUS: ret, Key: key,
 			Fingerprint: fmt.Sprintf("%s %d %s", DefaultAccount, DefaultAmount, lab.DefaultCurrency),
-			Status: ans.Status, ChargeID: ans.ChargeID, Replayed: ans.Replayed, Code: ans.Code})
+			Status:      ans.Status, ChargeID: ans.ChargeID, Replayed: ans.Replayed, Code: ans.Code})
 		if ans.Replayed {
 			rep.IdempotencyHits++
 		}

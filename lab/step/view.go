@@ -3,6 +3,7 @@ package step
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -89,6 +90,11 @@ func (r *Run) View() View {
 			av.Blocked = "the store: it reached no pause point and no answer within the settle time"
 			if len(holders) > 0 {
 				av.Blocked = "the store, on what is held by " + strings.Join(holders, ", ")
+			}
+			for _, in := range v.Holds { // what the store itself sees it wait on, when it can say
+				if on, ok := in.Blocked[strconv.Itoa(a.n)]; ok {
+					av.Blocked = on
+				}
 			}
 		}
 		v.Attempts = append(v.Attempts, av)

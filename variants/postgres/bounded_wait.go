@@ -18,7 +18,7 @@ import (
 // row lock.
 func (s *Store) acquire(ctx context.Context, ns lab.Namespace) (conn *pgdb.Conn, start time.Time, err error) {
 	start = time.Now()
-	acquireCtx, cancel := context.WithTimeout(ctx, lab.BoundedWait(ctx, s.wait))
+	acquireCtx, cancel := lab.WaitBound(ctx, s.wait)
 	defer cancel()
 	conn, err = s.pool.Acquire(acquireCtx, ns, pgdb.Short)
 	if err != nil {

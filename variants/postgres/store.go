@@ -85,12 +85,15 @@ func (s *Store) chargeStepByStep(ctx context.Context, a lab.Attempt) (lab.Outcom
 	if _, err := tx.Exec(ctx, fmt.Sprintf("SET LOCAL lock_timeout = %d", s.lockWait(ctx, start).Milliseconds())); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error setting lock_timeout: %w", err)
 	}
+	if err := nameStepped(ctx, tx); err != nil {
+		return lab.Outcome{}, err
+	}
 
 	// 1. Claim: the INSERT makes this transaction the key's owner, or
 	// returns the row of the owner that came first.
 	claimed, row, err := s.claim(ctx, tx, a, s.now())
 	switch {
-	case isLockTimeout(err):
+	case isLockTimeout(err) || waitEnded(ctx, err):
 		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 	case err != nil:
 		return lab.Outcome{}, err

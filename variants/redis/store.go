@@ -118,7 +118,10 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	if a.Faults.ClaimTTL > 0 {
 		ttl = a.Faults.ClaimTTL
 	}
-	deadline := time.Now().Add(s.wait)
+	if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+		return lab.Outcome{}, err
+	}
+	var wait context.Context // the bounded wait, from the first look at a twin in flight
 	backoff := 2 * time.Millisecond
 	for {
 		a.ChargeID = lab.NewChargeID()
@@ -160,11 +163,14 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		}
 		// In flight: poll with backoff until the bounded wait runs out,
 		// looking once more at its very end.
-		left := time.Until(deadline)
-		if left <= 0 {
+		if wait == nil {
+			var stop context.CancelFunc
+			wait, stop = lab.WaitBound(ctx, s.wait)
+			defer stop()
+		} else if wait.Err() != nil && ctx.Err() == nil {
 			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 		}
-		if err := s.pause(ctx, k, min(backoff, left)); err != nil {
+		if err := s.pause(wait, k, backoff); err != nil && ctx.Err() != nil {
 			return lab.Outcome{}, err
 		}
 		backoff = min(backoff*3/2, 100*time.Millisecond)
@@ -196,6 +202,9 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
 	}
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil && !inherited {
+		return lab.Outcome{}, errors.Join(err, release.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim).Err())
+	}
 	resp, err := lab.Perform(ctx, s.ledger, a, s.now())
 	retention := a.Faults.RetentionOr(s.window)
 	if errors.Is(err, lab.ErrOutcomeUnknown) || err != nil && inherited {
@@ -216,6 +225,7 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
 		return lab.Outcome{}, lab.ErrCrash // charged in the ledger; Redis never hears of it
 	}
+	pauseErr := lab.Pause(ctx, lab.PointAfterCharge) // charged: the record is written even if it gives up here
 	// Complete: swap our claim for the response. If the claim expired
 	// mid-work the record is not written: the charge stands, and whoever
 	// holds the key now may charge again. That is the lesson of a lock TTL
@@ -224,6 +234,9 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 	rec := (record{Fingerprint: a.Fingerprint, Status: resp.Status, Body: resp.Body, CreatedAt: s.now().UTC()}).value()
 	if err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, rec, retention.Milliseconds()).Err(); err != nil {
 		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %w", lab.ErrStoreUnavailable, err)
+	}
+	if pauseErr != nil {
+		return lab.Outcome{}, pauseErr
 	}
 	return lab.Outcome{Response: resp}, nil
 }
