@@ -14,6 +14,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/memory"
@@ -217,6 +218,24 @@ func TestMatrix(t *testing.T) {
 	}
 	if bad := m.Mismatches(); len(bad) > 0 {
 		t.Fatalf("verdicts differ from the lesson:\n%v", bad)
+	}
+	// A cell with a named schedule opens as it, and the schedule tells the
+	// same lesson: it charges twice exactly where the cell breaks.
+	opened := 0
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if c.Schedule == "" {
+				continue
+			}
+			opened++
+			sched, ok := step.FindSchedule(c.Schedule)
+			if !ok || sched.Store != c.Store || (sched.Charges > 1) != (c.Verdict == lab.Breaks) {
+				t.Errorf("%s on %s opens as %q (%+v), which does not play its verdict %s", row.Case.Name, c.Store, c.Schedule, sched, c.Verdict)
+			}
+		}
+	}
+	if opened < 6 {
+		t.Errorf("only %d cells open as a schedule", opened)
 	}
 	// Every verdict proven by the checker: each break a violation of the
 	// history or of the money, each hold linearizable, none unknown.

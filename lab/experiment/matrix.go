@@ -80,6 +80,9 @@ type Cell struct {
 	// Run is the whole run behind the cell, timeline included, so a page
 	// can open it.
 	Run *Report `json:"run,omitempty"`
+	// Schedule names the stepped schedule that plays the cell's race move
+	// by move (POST /lab/step?schedule=), when it has one.
+	Schedule string `json:"schedule,omitempty"`
 }
 
 // Row is one case across the stores.

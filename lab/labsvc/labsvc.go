@@ -227,7 +227,7 @@ func (s *Service) Matrix(ctx context.Context, id tenants.Identity, progress func
 		return experiment.Matrix{}, lab.Invalid("replicas", "the matrix needs 3 replicas; this server has %d", n)
 	}
 	second := id.Second()
-	return s.cfg.Runner.RunMatrix(ctx, experiment.MatrixRequest{
+	m, err := s.cfg.Runner.RunMatrix(ctx, experiment.MatrixRequest{
 		Stores: s.cfg.Variants.Names(),
 		Unavailable: func(store lab.StoreName) string {
 			if _, ok := s.cfg.Stores[store]; ok {
@@ -242,11 +242,18 @@ func (s *Service) Matrix(ctx context.Context, id tenants.Identity, progress func
 			if cell.Run != nil {
 				s.remember(*cell.Run)
 			}
+			cell.Schedule = step.ForCell(cell.Store, c.Name)
 			if progress != nil {
 				progress(done, total, c, cell)
 			}
 		},
 	})
+	for _, row := range m.Rows {
+		for i := range row.Cells {
+			row.Cells[i].Schedule = step.ForCell(row.Cells[i].Store, row.Case.Name)
+		}
+	}
+	return m, err
 }
 
 // effectStores picks the store of each transport: the first available

@@ -19,6 +19,19 @@ type Schedule struct {
 	Steps   []Move `json:"steps"`
 	Charges int    `json:"charges"` // ledger entries it leaves for the key
 	Shows   string `json:"shows"`
+	// Case is the matrix case whose race it plays on Store, "" for none.
+	Case string `json:"case,omitempty"`
+}
+
+// ForCell is the named schedule that plays the matrix cell of store and
+// case move by move, "" when none does.
+func ForCell(store lab.StoreName, matrixCase string) string {
+	for _, s := range Schedules() {
+		if s.Store == store && s.Case == matrixCase && matrixCase != "" {
+			return s.Name
+		}
+	}
+	return ""
 }
 
 // moves writes a schedule compactly: numbers are attempts, strings events.
@@ -42,7 +55,7 @@ func moves(ms ...any) []Move {
 func Schedules() []Schedule {
 	ttl, lease, window := lab.EventTTL, lab.EventLease, lab.EventWindow
 	return []Schedule{
-		{Name: "look-first-both-look", Store: "look-first", Replicas: 1, Attempts: 2, Charges: 2,
+		{Name: "look-first-both-look", Case: "retries", Store: "look-first", Replicas: 1, Attempts: 2, Charges: 2,
 			// 1,2: both at before_claim; 1,2: both looked and found nothing;
 			// 1,1: attempt 1 charges and answers; 2,2: so does attempt 2.
 			Steps: moves(1, 2, 1, 2, 1, 1, 2, 2),
@@ -51,33 +64,33 @@ func Schedules() []Schedule {
 			// attempt 1 looks, charges and answers; attempt 2 then looks and replays.
 			Steps: moves(1, 1, 1, 1, 2, 2),
 			Shows: "one looks and writes, then the other looks: it finds the answer and replays — the same design, decided by the interleaving alone"},
-		{Name: "memory-both-claim", Store: "memory", Replicas: 2, Attempts: 2, Charges: 2,
+		{Name: "memory-both-claim", Case: "replicas", Store: "memory", Replicas: 2, Attempts: 2, Charges: 2,
 			// each attempt claims in its own replica's map before either completes.
 			Steps: moves(1, 2, 1, 2, 1, 1, 2, 2),
 			Shows: "both claim before either completes, on two replicas: each replica's map said yes, and each charged"},
-		{Name: "memory-one-replica", Store: "memory", Replicas: 1, Attempts: 2, Charges: 1,
+		{Name: "memory-one-replica", Case: "retries", Store: "memory", Replicas: 1, Attempts: 2, Charges: 1,
 			// 1,1: attempt 1 claims; 2,2: attempt 2 finds the claim and
 			// waits on it (blocked); 1,1: attempt 1 charges and completes,
 			// which wakes attempt 2 with the answer to replay.
 			Steps: moves(1, 1, 2, 2, 1, 1),
 			Shows: "the same moves on one replica: attempt 2 finds attempt 1's claim in the one map and waits for its answer"},
-		{Name: "memory-after-the-window", Store: "memory", Replicas: 1, Attempts: 2, Charges: 2,
+		{Name: "memory-after-the-window", Case: "expired", Store: "memory", Replicas: 1, Attempts: 2, Charges: 2,
 			// attempt 1 charges and answers; the retention window passes;
 			// attempt 2, a late retry, finds no key and charges again.
 			Steps: moves(1, 1, 1, 1, window, 2, 2, 2, 2),
 			Shows: "a retry after the retention window: the key is forgotten, so the late retry is a new charge"},
-		{Name: "redis-ttl-runs-out", Store: "redis", Replicas: 1, Attempts: 2, Charges: 2, Faults: "ttl_ms=60000",
+		{Name: "redis-ttl-runs-out", Case: "slow_short_ttl", Store: "redis", Replicas: 1, Attempts: 2, Charges: 2, Faults: "ttl_ms=60000",
 			// 1,1: attempt 1 claims (a 60 s TTL) and pauses before its
 			// charge; ttl: the claim's TTL runs out, now; 2,2: attempt 2
 			// claims the free key; 1,1,2,2: both charge and answer.
 			Steps: moves(1, 1, ttl, 2, 2, 1, 1, 2, 2),
 			Shows: "the claim's TTL runs out while its owner still works: a retry claims the key again and both charge — a lock with a TTL is no fence"},
-		{Name: "redis-ttl-holds", Store: "redis", Replicas: 1, Attempts: 2, Charges: 1, Faults: "ttl_ms=60000",
+		{Name: "redis-ttl-holds", Case: "slow_long_ttl", Store: "redis", Replicas: 1, Attempts: 2, Charges: 1, Faults: "ttl_ms=60000",
 			// without the TTL's end: attempt 2 finds the claim and waits
 			// (blocked), and replays once attempt 1 completes.
 			Steps: moves(1, 1, 2, 2, 1, 1),
 			Shows: "the same moves while the claim lives: attempt 2 waits on it and replays attempt 1's answer"},
-		{Name: "postgres-both-claim", Store: "postgres", Replicas: 2, Attempts: 2, Charges: 1,
+		{Name: "postgres-both-claim", Case: "replicas", Store: "postgres", Replicas: 2, Attempts: 2, Charges: 1,
 			// 1,2: both before the claim; 1: attempt 1 inserts the key row
 			// and pauses in its transaction; 2: attempt 2's INSERT blocks on
 			// the unique index; 1,1: attempt 1 charges, then stores its
@@ -85,7 +98,7 @@ func Schedules() []Schedule {
 			// reads the committed row and replays it.
 			Steps: moves(1, 2, 1, 2, 1, 1, 2),
 			Shows: "the same moves on PostgreSQL: attempt 2 waits on the unique index until attempt 1 commits, then replays its answer"},
-		{Name: "lease-stale-worker-fenced", Store: "lease", Replicas: 1, Attempts: 2, Charges: 1,
+		{Name: "lease-stale-worker-fenced", Case: "stale_worker", Store: "lease", Replicas: 1, Attempts: 2, Charges: 1,
 			// 1,1: attempt 1 claims (token 1) and pauses in its work, a
 			// stalled worker that renews nothing; lease: its lease ends;
 			// 2,2: attempt 2 takes the key over (token 2); 2: it charges
