@@ -50,7 +50,7 @@ func (s *Server) listSchedules(c echo.Context) error {
 		Points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge,
 			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead},
 		Events: lab.TimeEvents(),
-		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail},
+		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultFailover},
 		Note: "POST /lab/step?schedule=<name> plays one (play=none opens it to advance by hand); " +
 			"POST /lab/step?store=&attempts=&replicas= starts a run to advance with attempt=, event=, schedule=1,2,ttl or seed=",
 	})

@@ -318,7 +318,8 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		relayCounts = a.relay.Counts
 	}
 	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
-		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps})
+		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps,
+		Failover: a.failover})
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,9 @@ func TestStepSchedulesRepeat(t *testing.T) {
 	for _, sched := range step.Schedules() {
 		t.Run(sched.Name, func(t *testing.T) {
 			t.Parallel()
-			a := labtest.Start(t, storeConfig(t, sched.Store))
+			cfg := storeConfig(t, sched.Store)
+			cfg.RedisPair = strings.Contains(sched.Faults, "failover") // two redis-server processes
+			a := labtest.Start(t, cfg)
 			for i := range 20 {
 				r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule="+sched.Name, nil, "")
 				if r.Status != http.StatusCreated {

@@ -97,6 +97,14 @@ type Config struct {
 	// Steps holds the process's stepped runs, shared by its in-process
 	// replicas; nil when the lab steps no runs.
 	Steps *step.Registry
+	// Failover steps the lab's Redis pair ("hold", then "promote") for a
+	// stepped run's failover move; nil without a pair.
+	Failover Failover
+}
+
+// Failover moves the lab's Redis pair through a failover for a namespace.
+type Failover interface {
+	Failover(ctx context.Context, ns lab.Namespace, step string) (string, error)
 }
 
 // Service is one replica's use cases.

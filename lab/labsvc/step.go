@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/experiment"
@@ -42,7 +43,6 @@ var timeDrivenFaults = map[lab.FaultPoint]string{
 	lab.FaultStaleWorker:  "a paused attempt is a stalled worker: make its claim's lifetime end with the ttl or lease move",
 	lab.FaultExpired:      "make the retention window pass with the window move",
 	lab.FaultStoreRestart: "restart the store with POST /lab/restart-store between moves",
-	lab.FaultFailover:     "a Redis failover is not a move of a stepped run yet",
 }
 
 // StartStep opens a stepped run in id's namespace, and plays its schedule
@@ -77,6 +77,12 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 	if req.Attempts < step.MinAttempts || req.Attempts > step.MaxAttempts {
 		return nil, lab.Invalid("attempts", "must be in %d..%d for a stepped run (got %d)", step.MinAttempts, step.MaxAttempts, req.Attempts)
 	}
+	if req.Faults.Point == lab.FaultFailover {
+		if req.Store != "redis" {
+			return nil, lab.Invalid("fault", "failover is a move of a stepped run on redis, whose claims live in the failing Redis (got store %s)", req.Store)
+		}
+		req.Faults.OnPair = true // every attempt claims on the pair
+	}
 	targets, err := s.cfg.Replicas.Targets(ctx, req.Replicas)
 	if err != nil {
 		return nil, err
@@ -87,8 +93,14 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 		spec.Replicas = append(spec.Replicas, targets[n%len(targets)])
 	}
 	st := &stepped{s: s, id: id, req: req}
+	if req.Faults.Point == lab.FaultFailover {
+		if err := st.holdReplication(ctx); err != nil {
+			return nil, err
+		}
+	}
 	run, err := s.cfg.Steps.Start(spec, step.Hooks{Send: st.send, Happen: st.happen, Inspect: st.inspect, Over: st.over})
 	if err != nil {
+		st.promote(ctx)
 		return nil, err
 	}
 	st.run = run
@@ -114,6 +126,37 @@ type stepped struct {
 	id  tenants.Identity
 	req StepRequest
 	run *step.Run // set once started, before any move
+
+	mu   sync.Mutex
+	held bool // the Redis pair's replication is held for this run's failover move
+}
+
+// holdReplication holds the Redis pair's replication back for a failover
+// run: from now on only the primary acknowledges the attempts' claims.
+func (st *stepped) holdReplication(ctx context.Context) error {
+	if st.s.cfg.Failover == nil {
+		return fmt.Errorf("%w: the failover move needs the lab's Redis pair (-redis-pair)", lab.ErrStoreUnavailable)
+	}
+	if _, err := st.s.cfg.Failover.Failover(ctx, st.id.Namespace, "hold"); err != nil {
+		return err
+	}
+	st.mu.Lock()
+	st.held = true
+	st.mu.Unlock()
+	return nil
+}
+
+// promote ends the run's hold, if it holds one: the replica is promoted.
+func (st *stepped) promote(ctx context.Context) error {
+	st.mu.Lock()
+	held := st.held
+	st.held = false
+	st.mu.Unlock()
+	if !held {
+		return nil
+	}
+	_, err := st.s.cfg.Failover.Failover(context.WithoutCancel(ctx), st.id.Namespace, "promote")
+	return err
 }
 
 // scope is the run's key as the stores scope it.
@@ -162,6 +205,18 @@ func (st *stepped) stores() ([]lab.Store, []string, error) {
 // "wait" has already ended the waits held in the attempts' requests; a
 // store with waits of its own (a lock wait) ends them too.
 func (st *stepped) happen(ctx context.Context, e lab.TimeEvent) (string, error) {
+	if e == lab.EventFailover {
+		st.mu.Lock()
+		held := st.held
+		st.mu.Unlock()
+		if !held {
+			return "", lab.Invalid("event", "failover needs a stepped run on redis started with fault=failover (and fails over once)")
+		}
+		if err := st.promote(ctx); err != nil {
+			return "", err
+		}
+		return "Redis failed over: the replica, which never saw the writes held back, is the primary now", nil
+	}
 	stores, names, err := st.stores()
 	if err != nil {
 		return "", err

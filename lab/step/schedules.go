@@ -90,6 +90,13 @@ func Schedules() []Schedule {
 			// (blocked), and replays once attempt 1 completes.
 			Steps: moves(1, 1, 2, 2, 1, 1),
 			Shows: "the same moves while the claim lives: attempt 2 waits on it and replays attempt 1's answer"},
+		{Name: "redis-failover-loses-the-claim", Case: "failover", Store: "redis", Replicas: 1, Attempts: 2, Charges: 2, Faults: "failover",
+			// replication is held from the start; 1,1: attempt 1 claims on
+			// the primary alone; failover: the replica, which never saw the
+			// claim, is promoted; 2,2: attempt 2 claims the same key there;
+			// 1,1,2,2: both charge and answer.
+			Steps: moves(1, 1, lab.EventFailover, 2, 2, 1, 1, 2, 2),
+			Shows: "Redis fails over before the claim replicated: the new primary never saw it, so a retry claims the key again and both charge"},
 		{Name: "postgres-both-claim", Case: "replicas", Store: "postgres", Replicas: 2, Attempts: 2, Charges: 1,
 			// 1,2: both before the claim; 1: attempt 1 inserts the key row
 			// and pauses in its transaction; 2: attempt 2's INSERT blocks on

@@ -57,8 +57,17 @@ func (s *Store) expire(ctx context.Context, sc lab.Scope, state string) error {
 }
 
 // Inspect reads the key as Redis holds it: a claim and its TTL, an
-// unsettled claim, or the completed record and its retention left.
+// unsettled claim, or the completed record and its retention left. A key
+// only the failover pair holds (a failover run's) is read there.
 func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, error) {
+	in, err := s.inspect(ctx, sc)
+	if err != nil || in.State != lab.KeyAbsent || s.onPair == nil || s.onPair == s {
+		return in, err
+	}
+	return s.onPair.inspect(ctx, sc)
+}
+
+func (s *Store) inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, error) {
 	k := s.key(sc)
 	in := lab.KeyInspection{Where: "Redis, " + s.where, State: lab.KeyAbsent, Facts: []string{}}
 	pipe := s.client.Pipeline()
