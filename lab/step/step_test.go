@@ -247,3 +247,103 @@ func hooks(send step.Sender) step.Hooks {
 		Over:    func(context.Context, step.View) step.Verdict { return step.Verdict{RunID: "r"} },
 	}
 }
+
+// TestTimeMoves: an event is a move of its own, recorded with what it did;
+// the wait move ends the bounded wait of an attempt blocked in the store,
+// which then answers as its wait's end makes it; the finished run is
+// recorded once, and a seed draws the same moves every time.
+func TestTimeMoves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg, err := step.NewRegistry(step.Config{Settle: 300 * time.Millisecond, Idle: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer reg.Close()
+		var happened []lab.TimeEvent
+		overs := 0
+		h := hooks(nil)
+		h.Send = func(ctx context.Context, n int, _, header string) step.Answer {
+			g, err := reg.Gate("ns", header)
+			if err != nil {
+				return step.Answer{Error: err.Error()}
+			}
+			if err := g.Reach(ctx, lab.PointBeforeClaim); err != nil {
+				return step.Answer{Error: err.Error()}
+			}
+			if n == 2 { // blocked on attempt 1's claim until the bound ends
+				wait, stop := lab.WaitBound(lab.WithStepGate(ctx, g), time.Second)
+				defer stop()
+				<-wait.Done()
+				return step.Answer{Status: 409, Code: "idempotency_in_progress"}
+			}
+			return step.Answer{Status: 201, ChargeID: "ch"}
+		}
+		h.Happen = func(_ context.Context, e lab.TimeEvent) (string, error) {
+			happened = append(happened, e)
+			return "it happened", nil
+		}
+		h.Over = func(context.Context, step.View) step.Verdict { overs++; return step.Verdict{RunID: "r", Checked: "linearizable"} }
+		run, err := reg.Start(step.Spec{Namespace: "ns", Store: "memory", Attempts: 2, Replicas: []string{"r1", "r1"}}, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moves, err := step.ParseMoves("1,2,2,ttl,wait,1", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, m := range moves[:5] {
+			if err := run.Advance(t.Context(), m); err != nil {
+				t.Fatalf("move %d (%s): %v", i+1, m, err)
+			}
+			if i == 2 { // attempt 2 waits in the store; a second's bound would not end it in the bubble's 300 ms settle
+				if a := stand(t, run, 2); a.State != step.StateBlocked {
+					t.Fatalf("attempt 2 is %s, want blocked", a.State)
+				}
+			}
+		}
+		if a := stand(t, run, 2); a.State != step.StateAnswered || a.Answer.Status != 409 {
+			t.Fatalf("after the wait move attempt 2 is %s (%+v), want answered 409", a.State, a.Answer)
+		}
+		if !slices.Equal(happened, []lab.TimeEvent{lab.EventTTL, lab.EventWait}) {
+			t.Fatalf("events made to happen: %v", happened)
+		}
+		if err := run.Advance(t.Context(), moves[5]); err != nil {
+			t.Fatal(err)
+		}
+		v := run.View()
+		if !v.Over || overs != 1 || v.Verdict == nil || v.Checked != "linearizable" || len(v.Moves) != 6 {
+			t.Fatalf("over %v, recorded %d times, verdict %+v, %d moves", v.Over, overs, v.Verdict, len(v.Moves))
+		}
+		if m := v.Moves[3]; m.Move.Event != lab.EventTTL || m.Did != "it happened" {
+			t.Fatalf("the ttl move is recorded as %+v", m)
+		}
+		if st := v.Moves[0].Attempts; st[0].State != step.StatePaused || st[0].Point != lab.PointBeforeClaim || st[1].State != step.StateReady {
+			t.Fatalf("after the first move the attempts stood %+v", st)
+		}
+	})
+}
+
+// TestSeededMoves: a seed draws moves among the attempts that can move
+// until the run is over, and the same seed draws the same ones.
+func TestSeededMoves(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		play := func(seed uint64) string {
+			path := []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterCharge}
+			_, run, _ := setup(t, time.Minute, script{points: path}, script{points: path}, script{points: path})
+			if err := run.PlaySeed(t.Context(), seed); err != nil {
+				t.Fatal(err)
+			}
+			if v := run.View(); !v.Over || len(v.Steps) != 12 {
+				t.Fatalf("seed %d: over %v after %d moves", seed, v.Over, len(v.Steps))
+			}
+			return step.FormatMoves(run.View().Steps)
+		}
+		a, b, c := play(3), play(3), play(4)
+		if a != b {
+			t.Fatalf("seed 3 drew %s, then %s", a, b)
+		}
+		if a == c {
+			t.Logf("seeds 3 and 4 drew the same moves: %s", a)
+		}
+	})
+}
