@@ -87,6 +87,11 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 	if err != nil {
 		return nil, err
 	}
+	for _, t := range targets {
+		if _, ok := s.cfg.Replicas.StoresAt(t); !ok {
+			return nil, lab.Invalid("replicas", "a stepped run uses this process's replicas only, and %s is a peer process (cluster mode): give replicas=1", t)
+		}
+	}
 	spec := step.Spec{Namespace: id.Namespace, Store: req.Store, Attempts: req.Attempts, Schedule: sched.Name,
 		Planned: sched.Steps, Faults: req.Faults.String()}
 	for n := range req.Attempts {
