@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/step"
+	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants"
 )
 
@@ -104,13 +106,24 @@ func (s stepper) idle(id string, n int) stepView {
 // next clicks next and returns the run once the page shows the move.
 func (s stepper) next(v stepView) stepView {
 	s.t.Helper()
+	got := s.click(v, "#stepNext")
+	if n := len(got.Moves); got.Steps[n-1] != got.Planned[n-1] {
+		s.t.Fatalf("next: want move %d to be %s, the server made %v", n, got.Planned[n-1], got.Steps)
+	}
+	return got
+}
+
+// click clicks the button sel, which makes one move, and returns the run
+// once the page shows it, its lanes checked.
+func (s stepper) click(v stepView, sel string) stepView {
+	s.t.Helper()
 	n := len(v.Moves) + 1
-	if err := chromedp.Do(s.ctx, chromedp.Click(chromedp.ID("stepNext"))); err != nil {
+	if err := chromedp.Do(s.ctx, chromedp.Click(chromedp.CSS(sel))); err != nil {
 		s.t.Fatal(err)
 	}
 	got := s.idle(v.ID, n)
-	if len(got.Moves) != n || got.Steps[n-1] != got.Planned[n-1] || got.Error != "" {
-		s.t.Fatalf("next: want move %d to be %s, the server made %v (%s)", n, got.Planned[n-1], got.Steps, got.Error)
+	if len(got.Moves) != n || got.Error != "" {
+		s.t.Fatalf("%s: want move %d, the server made %v (%s)", sel, n, got.Steps, got.Error)
 	}
 	s.check(got)
 	return got
@@ -355,6 +368,177 @@ func TestStepperShowsTheBlock(t *testing.T) {
 	}
 	s.finished(a, v, 1, "linearizable")
 	panelShots(ctx, t, "stepper-postgres")
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page had problems: %v", p)
+	}
+}
+
+// forgetful is a toy design for the stepper's test, registered beside the
+// built-in ones: a map of answers in the heap, which the window move
+// empties for the key and which says what it holds for a key, as the
+// stores will. It pauses before its look.
+type forgetful struct {
+	ledger lab.Ledger
+	now    lab.Clock
+	mu     sync.Mutex
+	seen   map[lab.Scope]lab.Response
+}
+
+const forgetfulName lab.StoreName = "forgetful"
+
+func forgetfulVariant() variant.Variant {
+	return variant.Variant{
+		Name: forgetfulName, Label: "a map that forgets", RequiresKey: true, Effects: "outbox", Crash: variant.CrashWipesHeap,
+		Decides: "looks the key up, charges when absent, records the answer",
+		Keys:    "a map in this replica's heap, emptied for a key when its window passes",
+		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
+			return &forgetful{ledger: d.Ledger, now: d.Clock, seen: map[lab.Scope]lab.Response{}}, nil
+		},
+	}
+}
+
+func (f *forgetful) Name() lab.StoreName { return forgetfulName }
+
+func (f *forgetful) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+	if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+		return lab.Outcome{}, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if resp, ok := f.seen[a.Scope]; ok {
+		return lab.Outcome{Response: resp, Replayed: true}, nil
+	}
+	resp, err := lab.Perform(ctx, f.ledger, a, f.now())
+	if err != nil {
+		return lab.Outcome{}, err
+	}
+	f.seen[a.Scope] = resp
+	return lab.Outcome{Response: resp}, nil
+}
+
+func (f *forgetful) MakeHappen(_ context.Context, sc lab.Scope, e lab.TimeEvent) error {
+	if e != lab.EventWindow {
+		return lab.Invalid("event", "%s has no %s to make happen", forgetfulName, e)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.seen, sc)
+	return nil
+}
+
+func (f *forgetful) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	in := lab.KeyInspection{Where: "forgetful: the replica's map", State: "absent", Facts: []string{}}
+	if resp, ok := f.seen[sc]; ok {
+		in.State, in.Facts = lab.KeyCompleted, []string{fmt.Sprintf("answer %d stored", resp.Status)}
+	}
+	return in, nil
+}
+
+// TestStepperMarksAnEvent opens a custom run from the panel's form on a toy
+// design that forgets a key when its window passes, and moves it by the
+// attempts' and the event's buttons: the window's move is a marker across
+// both lanes, labelled with what it did; the store's state after each move
+// is the store's (the answer stored, then absent); the late retry charges
+// again, and the export replays to the same two charges.
+func TestStepperMarksAnEvent(t *testing.T) {
+	cfg := app.DefaultConfig()
+	cfg.Variants = append(variants.Builtin(), forgetfulVariant())
+	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
+	a := labtest.Start(t, cfg)
+	ctx, problems := browser(t)
+	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	s := stepper{t: t, ctx: ctx, wait: wait, base: a.URL()}
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(wait, chromedp.Poll[bool](`[...document.querySelectorAll("#stepCustomStore option")].some(o => o.value === "forgetful")`)); err != nil {
+		t.Fatalf("the custom form never offered the toy design: %v", err)
+	}
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("stepCustomStore"), string(forgetfulName)),
+		chromedp.SetValue(chromedp.ID("stepAttempts"), "2"), chromedp.SetValue(chromedp.ID("stepReplicas"), "1"),
+		chromedp.Click(chromedp.ID("stepOpenCustom"))); err != nil {
+		t.Fatal(err)
+	}
+	id, err := chromedp.Run(wait, chromedp.Poll[string](`document.getElementById("stepper").dataset.run`))
+	if err != nil {
+		t.Fatalf("the form opened no run: %v", err)
+	}
+	v := s.view(id)
+	if v.Store != forgetfulName || len(v.Attempts) != 2 || len(v.Planned) != 0 {
+		t.Fatalf("the custom run is %+v", v.View)
+	}
+	s.check(v)
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#stepNext, #stepPlay").length`)); err != nil || n != 0 {
+		t.Errorf("a run without a plan offers next or play (%d, %v)", n, err)
+	}
+	held := func() string {
+		t.Helper()
+		got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`[...document.querySelectorAll("#stepHolds .stored")].map(h => h.dataset.state + ": " + h.textContent).join(" | ")`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	v = s.click(v, `[data-advance="1"]`) // sent, paused before its look
+	v = s.click(v, `[data-advance="1"]`) // charged and answered
+	if h := held(); !strings.HasPrefix(h, lab.KeyCompleted+": ") || !strings.Contains(h, "answer 201 stored") {
+		t.Errorf("after attempt 1 answered the store panel reads %q", h)
+	}
+	v = s.click(v, `[data-happen="window"]`)
+	type marker struct {
+		Event       string  `json:"event"`
+		Head        string  `json:"head"`
+		Top, Bottom float64 // the marker's, and the lanes' box
+		LanesTop    float64 `json:"lanesTop"`
+		LanesBottom float64 `json:"lanesBottom"`
+	}
+	m, err := chromedp.Run(ctx, chromedp.Evaluate[marker](`(() => { const m = document.querySelector('#stepLanes [data-marker="3"]'),
+		g = document.querySelector("#stepLanes .steplanes").getBoundingClientRect(), r = m ? m.getBoundingClientRect() : {};
+		return { event: m?.dataset.event ?? "", head: document.querySelector('#stepLanes [data-head="3"]').textContent.trim(),
+			Top: r.top, Bottom: r.bottom, lanesTop: g.top, lanesBottom: g.bottom }; })()`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Event != "window" || !strings.HasSuffix(m.Head, "window: "+v.Moves[2].Did) || m.Top > m.LanesTop+1 || m.Bottom < m.LanesBottom-1 {
+		t.Errorf("the window's move: %+v; want a marker across every lane, headed \"window: %s\"", m, v.Moves[2].Did)
+	}
+	if h := held(); !strings.HasPrefix(h, "absent: ") {
+		t.Errorf("after the window the store panel reads %q", h)
+	}
+	v = s.click(v, `[data-advance="2"]`)
+	v = s.click(v, `[data-advance="2"]`)
+	if ans := v.Attempts[1].Answer; ans == nil || ans.Replayed || ans.ChargeID == v.Attempts[0].Answer.ChargeID {
+		t.Fatalf("the late retry did not charge again: %+v", ans)
+	}
+	s.finished(a, v, 2, v.Checked)
+	if step.FormatMoves(v.Steps) != "1,1,window,2,2" {
+		t.Fatalf("the moves made: %s", step.FormatMoves(v.Steps))
+	}
+	// A column's head shows the store as it was after that move.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#stepLanes [data-head="2"]`))); err != nil {
+		t.Fatal(err)
+	}
+	if h := held(); !strings.HasPrefix(h, lab.KeyCompleted+": ") {
+		t.Errorf("move 2 picked: the store panel reads %q", h)
+	}
+	panelShots(ctx, t, "stepper-event")
+
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("stepReplay"))); err != nil {
+		t.Fatal(err)
+	}
+	id, err = chromedp.Run(wait, chromedp.Poll[string](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
+		return d.run !== %q && d.moves === "5" && !d.busy && d.run; })()`, v.ID)))
+	if err != nil {
+		t.Fatalf("the replay never showed its moves: %v", err)
+	}
+	r := s.view(id)
+	s.check(r)
+	s.finished(a, r, 2, r.Checked)
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page had problems: %v", p)
 	}
