@@ -137,6 +137,8 @@ type TimeEventSpec struct {
 // store. A design without such a thing answers an InvalidError.
 type TimeMover interface {
 	MakeHappen(ctx context.Context, sc Scope, e TimeEvent) error
+	// TimeMoves are the events the design has.
+	TimeMoves() []TimeEvent
 }
 
 // KeyInspector says what the store holds for one key right now, in-flight

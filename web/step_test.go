@@ -426,6 +426,8 @@ func (f *forgetful) MakeHappen(_ context.Context, sc lab.Scope, e lab.TimeEvent)
 	return nil
 }
 
+func (f *forgetful) TimeMoves() []lab.TimeEvent { return []lab.TimeEvent{lab.EventWindow} }
+
 func (f *forgetful) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -260,6 +260,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 		{post, "/lab/step", []string{"schedule", "play", "store", "attempts", "replicas", "fault", "ttl_ms", "window_ms"}, s.startStep},
 		{get, "/lab/step/:id", nil, s.stepRun},
 		{post, "/lab/step/:id/advance", []string{"attempt", "event", "schedule", "seed"}, s.advanceStep},
+		{post, "/lab/step/:id/abort", nil, s.abortStep},
 	}
 }
 

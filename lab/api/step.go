@@ -36,16 +36,29 @@ type stepLedger struct {
 
 // schedulesAnswer lists the named schedules.
 type schedulesAnswer struct {
-	Schedules []step.Schedule     `json:"schedules"`
-	Points    []lab.PausePoint    `json:"points"`
-	Events    []lab.TimeEventSpec `json:"events"`
-	Faults    []lab.FaultPoint    `json:"faults"` // the faults a stepped run takes; time-driven ones are moves
-	Note      string              `json:"note"`
+	// Current is the caller's stepped run in progress, "" for none.
+	Current string `json:"current"`
+	// StoreEvents are the time-driven moves each available design has.
+	StoreEvents map[lab.StoreName][]lab.TimeEvent `json:"store_events"`
+	Schedules   []step.Schedule                   `json:"schedules"`
+	Points      []lab.PausePoint                  `json:"points"`
+	Events      []lab.TimeEventSpec               `json:"events"`
+	Faults      []lab.FaultPoint                  `json:"faults"` // the faults a stepped run takes; time-driven ones are moves
+	Note        string                            `json:"note"`
 }
 
 // listSchedules is GET /lab/step.
 func (s *Server) listSchedules(c echo.Context) error {
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	current := ""
+	if run, ok := s.deps.Service.CurrentStep(who.Namespace); ok {
+		current = run.ID()
+	}
 	return c.JSON(http.StatusOK, schedulesAnswer{
+		Current: current, StoreEvents: s.deps.Service.StepMoves(),
 		Schedules: step.Schedules(),
 		Points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge,
 			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead},
@@ -217,6 +230,17 @@ func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
 		f.Retention = time.Duration(w) * time.Millisecond
 	}
 	return f, nil
+}
+
+// abortStep is POST /lab/step/{id}/abort: the run ends now, as its idle
+// bound would end it, and the answer is where it stood.
+func (s *Server) abortStep(c echo.Context) error {
+	who, run, err := s.findStep(c)
+	if err != nil {
+		return err
+	}
+	run.Abort("aborted by the caller")
+	return s.answerStep(c, http.StatusOK, who.Tenant, run, nil)
 }
 
 // findStep resolves the caller and the stepped run of its namespace.

@@ -254,3 +254,37 @@ func TestStepRefusesTimeDrivenFaults(t *testing.T) {
 		t.Fatalf("a lease move on memory: %d %s", r.Status, r.Body)
 	}
 }
+
+// TestStepAbort: GET /lab/step names the namespace's open run, and
+// aborting it rolls back what its attempts held: the claim is released, so
+// the key charges once afterwards, and another run can start at once.
+func TestStepAbort(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, labConfig())
+	started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, "")
+	id := labtest.Decode[stepReply](t, started).ID
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?schedule=1,1", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("advance: %d %s", r.Status, r.Body)
+	}
+	index := labtest.Decode[struct {
+		Current     string                            `json:"current"`
+		StoreEvents map[lab.StoreName][]lab.TimeEvent `json:"store_events"`
+	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/step", nil, ""))
+	if index.Current != id || !slices.Contains(index.StoreEvents["memory"], lab.EventWait) {
+		t.Fatalf("the index names %q as current (want %s), events %v", index.Current, id, index.StoreEvents)
+	}
+	r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/abort", nil, "")
+	if v := labtest.Decode[stepReply](t, r); r.Status != http.StatusOK || v.Aborted == "" {
+		t.Fatalf("abort: %d %s", r.Status, r.Body)
+	}
+	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Idempotency-Key": {id}}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500); r.Status != http.StatusCreated {
+		t.Fatalf("the aborted run's key after the abort: %d %s", r.Status, r.Body)
+	}
+	if got := keyCharges(t, a, "acme", "memory", id); got != 1 {
+		t.Fatalf("the key holds %d charges after the abort and one charge", got)
+	}
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, ""); r.Status != http.StatusCreated {
+		t.Fatalf("a run after the abort: %d %s", r.Status, r.Body)
+	}
+}

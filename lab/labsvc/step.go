@@ -117,6 +117,28 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 	return run, nil
 }
 
+// StepMoves are the time-driven moves each available design has: its
+// own, and the end of the lab's bounded waits, which every design has.
+func (s *Service) StepMoves() map[lab.StoreName][]lab.TimeEvent {
+	out := map[lab.StoreName][]lab.TimeEvent{}
+	for name, st := range s.cfg.Stores {
+		moves := []lab.TimeEvent{lab.EventWait}
+		if tm, ok := st.(lab.TimeMover); ok {
+			moves = tm.TimeMoves()
+		}
+		out[name] = moves
+	}
+	return out
+}
+
+// CurrentStep is ns's stepped run in progress, if any.
+func (s *Service) CurrentStep(ns lab.Namespace) (*step.Run, bool) {
+	if s.cfg.Steps == nil {
+		return nil, false
+	}
+	return s.cfg.Steps.Current(ns)
+}
+
 // FindStep is one of ns's stepped runs.
 func (s *Service) FindStep(ns lab.Namespace, runID string) (*step.Run, error) {
 	if s.cfg.Steps == nil {

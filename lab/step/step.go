@@ -191,6 +191,25 @@ func (g *Registry) Find(ns lab.Namespace, id string) (*Run, error) {
 	return nil, ErrNotFound
 }
 
+// Current is the namespace's stepped run in progress, if any.
+func (g *Registry) Current(ns lab.Namespace) (*Run, bool) {
+	g.mu.Lock()
+	r := g.byNS[ns]
+	g.mu.Unlock()
+	if r == nil || !r.live() {
+		return nil, false
+	}
+	return r, true
+}
+
+// Abort ends a run in progress now, as its idle bound would: its requests
+// are cancelled and each store rolls back what it holds for them. It
+// returns once they have answered.
+func (r *Run) Abort(why string) {
+	r.abort(why)
+	r.wait()
+}
+
 // Gate resolves a request's Header value for a caller of ns: the gate of an
 // attempt the stepper has sent and no request has claimed yet.
 func (g *Registry) Gate(ns lab.Namespace, header string) (lab.StepGate, error) {
@@ -271,10 +290,13 @@ type MoveRecord struct {
 
 // AttemptStand is where one attempt stood after a move.
 type AttemptStand struct {
-	Attempt int            `json:"attempt"`
-	State   State          `json:"state"`
-	Point   lab.PausePoint `json:"point,omitempty"`
-	Status  int            `json:"status,omitempty"` // once answered
+	Attempt  int            `json:"attempt"`
+	State    State          `json:"state"`
+	Point    lab.PausePoint `json:"point,omitempty"`
+	Blocked  string         `json:"blocked_on,omitempty"`
+	Status   int            `json:"status,omitempty"` // once answered
+	Replayed bool           `json:"replayed,omitempty"`
+	Code     string         `json:"code,omitempty"`
 }
 
 // attempt is one attempt's standing, guarded by its run's mu.
@@ -357,10 +379,10 @@ func (r *Run) Advance(ctx context.Context, m Move) error {
 	store := r.hooks.Inspect(ctx)
 	r.mu.Lock()
 	rec := MoveRecord{Move: m, AtMS: float64(at.Microseconds()) / 1000, Did: did, Store: store}
-	for _, a := range r.attempts {
-		st := AttemptStand{Attempt: a.n, State: a.state, Point: a.point}
-		if a.answer != nil {
-			st.Status = a.answer.Status
+	for _, av := range r.attemptViewsLocked(store) {
+		st := AttemptStand{Attempt: av.Attempt, State: av.State, Point: av.Point, Blocked: av.Blocked}
+		if av.Answer != nil {
+			st.Status, st.Replayed, st.Code = av.Answer.Status, av.Answer.Replayed, av.Answer.Code
 		}
 		rec.Attempts = append(rec.Attempts, st)
 	}

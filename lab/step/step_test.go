@@ -282,7 +282,10 @@ func TestTimeMoves(t *testing.T) {
 			happened = append(happened, e)
 			return "it happened", nil
 		}
-		h.Over = func(context.Context, step.View) step.Verdict { overs++; return step.Verdict{RunID: "r", Checked: "linearizable"} }
+		h.Over = func(context.Context, step.View) step.Verdict {
+			overs++
+			return step.Verdict{RunID: "r", Checked: "linearizable"}
+		}
 		run, err := reg.Start(step.Spec{Namespace: "ns", Store: "memory", Attempts: 2, Replicas: []string{"r1", "r1"}}, h)
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,8 @@ type View struct {
 	Schedule string        `json:"schedule,omitempty"` // the named schedule played, if any
 	Planned  []Move        `json:"planned,omitempty"`  // the named schedule's moves
 	Faults   string        `json:"faults,omitempty"`   // the Lab-Fault of its first attempt
+	Replicas int           `json:"replicas"`           // the distinct replicas its attempts reach
+	Count    int           `json:"attempt_count"`      // how many attempts it has
 	Steps    []Move        `json:"steps"`              // the moves made so far, in order: the schedule to replay it
 	Over     bool          `json:"over"`               // every attempt answered
 	Aborted  string        `json:"aborted,omitempty"`  // why the run was aborted
@@ -46,9 +48,9 @@ type AttemptView struct {
 	AnswerMS *float64 `json:"answer_ms,omitempty"`
 }
 
-// holds reports whether an attempt paused at p owns its key: an attempt
+// ownsKey reports whether an attempt paused at p owns its key: an attempt
 // blocked meanwhile most likely waits on what it holds.
-func holds(p lab.PausePoint) bool {
+func ownsKey(p lab.PausePoint) bool {
 	switch p {
 	case lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge, lab.PointBeforeResponseStored:
 		return true
@@ -72,12 +74,30 @@ func (r *Run) View() View {
 	if len(r.moves) > 0 {
 		v.Holds = r.moves[len(r.moves)-1].Store
 	}
+	v.Attempts = r.attemptViewsLocked(v.Holds)
+	v.Count, v.Replicas = len(r.attempts), len(slices.Compact(slices.Sorted(slices.Values(r.spec.Replicas))))
+	return v
+}
+
+// axis is t on the run's time axis, nil for a time not yet reached.
+func (r *Run) axis(t time.Time) *float64 {
+	if t.IsZero() {
+		return nil
+	}
+	ms := float64(t.Sub(r.started).Microseconds()) / 1000
+	return &ms
+}
+
+// attemptViewsLocked is where each attempt stands, given what the store
+// held for the key after the last move.
+func (r *Run) attemptViewsLocked(holds []lab.KeyInspection) []AttemptView {
 	var holders []string
 	for _, a := range r.attempts {
-		if a.state == StatePaused && holds(a.point) {
+		if a.state == StatePaused && ownsKey(a.point) {
 			holders = append(holders, fmt.Sprintf("attempt %d (paused at %s)", a.n, a.point))
 		}
 	}
+	var out []AttemptView
 	for _, a := range r.attempts {
 		av := AttemptView{Attempt: a.n, Target: r.spec.Replicas[a.n-1], State: a.state, Point: a.point,
 			Passed: append([]lab.PausePoint{}, a.passed...)}
@@ -91,22 +111,13 @@ func (r *Run) View() View {
 			if len(holders) > 0 {
 				av.Blocked = "the store, on what is held by " + strings.Join(holders, ", ")
 			}
-			for _, in := range v.Holds { // what the store itself sees it wait on, when it can say
+			for _, in := range holds { // what the store itself sees it wait on, when it can say
 				if on, ok := in.Blocked[strconv.Itoa(a.n)]; ok {
 					av.Blocked = on
 				}
 			}
 		}
-		v.Attempts = append(v.Attempts, av)
+		out = append(out, av)
 	}
-	return v
-}
-
-// axis is t on the run's time axis, nil for a time not yet reached.
-func (r *Run) axis(t time.Time) *float64 {
-	if t.IsZero() {
-		return nil
-	}
-	ms := float64(t.Sub(r.started).Microseconds()) / 1000
-	return &ms
+	return out
 }

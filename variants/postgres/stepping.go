@@ -65,6 +65,10 @@ func (s *Store) MakeHappen(ctx context.Context, sc lab.Scope, e lab.TimeEvent) e
 	return lab.Invalid("event", "%s has no %s: a key in flight is a row its owner's open transaction holds, and it ends with that transaction", Name, e)
 }
 
+// TimeMoves are the events a postgres key lives by: its retention, and the
+// lock waits of its twins.
+func (s *Store) TimeMoves() []lab.TimeEvent { return []lab.TimeEvent{lab.EventWindow, lab.EventWait} }
+
 // Inspect reads the key as the server holds it: the committed row, and the
 // run's open transactions with whoever they wait on. An uncommitted claim
 // is seen only as its transaction, holding the unique index entry.

@@ -36,6 +36,12 @@ func (s *Store) MakeHappen(ctx context.Context, sc lab.Scope, e lab.TimeEvent) e
 	return lab.Invalid("event", "%s has no %s to end: a claim here lives by its TTL (ttl), a record by its retention (window)", Name, e)
 }
 
+// TimeMoves are the events a redis key lives by; failover needs a stepped
+// run started with fault=failover.
+func (s *Store) TimeMoves() []lab.TimeEvent {
+	return []lab.TimeEvent{lab.EventTTL, lab.EventWindow, lab.EventFailover, lab.EventWait}
+}
+
 // expire ends the key's value now if it is in state; anything else is left.
 func (s *Store) expire(ctx context.Context, sc lab.Scope, state string) error {
 	k := s.key(sc)
