@@ -480,17 +480,25 @@ func TestPageShowsTheRace(t *testing.T) {
 				Available   bool   `json:"available"`
 				Verdict     string `json:"verdict"`
 				Explanation string `json:"explanation"`
+				Schedule    string `json:"schedule"`
 			} `json:"cells"`
 		} `json:"rows"`
 	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/lab/matrix", nil, ""))
-	want, why := map[string]string{}, map[string]string{}
+	want, why, schedules := map[string]string{}, map[string]string{}, 0
 	for _, row := range m.Rows {
 		for _, c := range row.Cells {
 			if c.Available {
 				want[row.Case.Name+"/"+c.Store] = c.Verdict
 				why[row.Case.Name+"/"+c.Store] = c.Explanation
 			}
+			if c.Available && c.Schedule != "" {
+				schedules++
+			}
 		}
+	}
+	// Each cell with a named schedule offers to step it.
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#matrixOut td[data-case] button[data-schedule]").length`)); err != nil || n != schedules || n == 0 {
+		t.Errorf("the matrix offers %d cells to step, the API names %d schedules (%v)", n, schedules, err)
 	}
 	if len(cells) != len(want) {
 		t.Fatalf("the page shows %d cells, the API %d", len(cells), len(want))
@@ -505,7 +513,8 @@ func TestPageShowsTheRace(t *testing.T) {
 			t.Errorf("cell %s/%s reads %q, the API's run %q", c.Case, c.Store, c.Why, w)
 		}
 	}
-	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#matrixOut td[data-case="replicas"][data-store="memory"]`))); err != nil {
+	// The cell itself opens its run (its "step it" button, the stepper).
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void document.querySelector('#matrixOut td[data-case="replicas"][data-store="memory"]').click()`)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#result g.lane").length === 9 &&
