@@ -517,6 +517,10 @@ func TestPageShowsTheRace(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void document.querySelector('#matrixOut td[data-case="replicas"][data-store="memory"]').click()`)); err != nil {
 		t.Fatal(err)
 	}
+	// The steps after the matrix have a deadline of their own: the one
+	// above ran on while the matrix did.
+	step, cancel = context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#result g.lane").length === 9 &&
 		new Set([...document.querySelectorAll("#result g.lane")].map(g => g.dataset.replica)).size === 3`)); err != nil {
 		t.Fatalf("the replicas cell did not open its 9 lanes over 3 replicas: %v", err)
