@@ -100,6 +100,7 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
 	c := e.claim // the owner's until it settles the entry: nobody else changes it
+	s.hold(ctx, e)
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
 		// Nothing charged by this attempt; an inherited charge id is kept.
 		if c.inherited {

@@ -36,6 +36,7 @@ type Store struct {
 	entries map[lab.Scope]*entry // (namespace, tenant, endpoint, key): one tenant's key is never another's
 	claims  uint64               // claims so far: orders the keys claimed at one instant
 	expiry  expiryHeap           // settled entries by expiry, evicted as claims go by
+	holders map[*entry]string    // the stepped attempt that claimed an entry (stepping.go)
 }
 
 // entry is one key, from its claim to its eviction.
@@ -169,6 +170,7 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
+	s.hold(ctx, e)
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
 		s.giveUp(e, a) // nothing was charged by this attempt
 		return lab.Outcome{}, err
