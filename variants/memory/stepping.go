@@ -223,9 +223,11 @@ func short(fp string) string {
 // "23 h 59 m".
 func span(d time.Duration) string {
 	d = max(d, 0)
-	switch {
-	case d < time.Second:
+	if d < time.Second {
 		return fmt.Sprintf("%d ms", d.Milliseconds())
+	}
+	d = d.Round(100 * time.Millisecond) // 59.97 s is "1 m 0 s", not "60.0 s"
+	switch {
 	case d < time.Minute:
 		return fmt.Sprintf("%.1f s", d.Seconds())
 	case d < time.Hour:
