@@ -43,6 +43,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	}
 	lab.Mark(ctx, lab.PhaseClaim) // phase one committed
 	s.signals.claimed.signal(cl.token)
+	s.hold(ctx, a.Scope, cl.token)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays until its lease ends; then a retry takes over
 	}
