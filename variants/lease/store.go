@@ -6,8 +6,10 @@
 //
 // This file is the design, in order: the claim, the renewal, the fenced
 // write with its completion, the fence's refusal, the replay. Beside it:
-// config.go, heartbeat.go, keys.go and signals.go. Twins poll: waking them
-// at once (lab.Wakeups) made 64 concurrent attempts slower in lab bench.
+// config.go, heartbeat.go, keys.go, signals.go, twin_wait.go (a twin's
+// bounded poll) and stepping.go (what a stepped run reads and moves).
+// Twins poll: waking them at once (lab.Wakeups) made 64 concurrent
+// attempts slower in lab bench.
 package lease
 
 import (

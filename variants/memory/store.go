@@ -5,7 +5,8 @@
 // charges, and completes the key with its response; a retry finds the key
 // and replays that response, or waits for its twin. forget.go is what a
 // crash, a restart and the key window take away, state.go what
-// /idempotency/state shows.
+// /idempotency/state shows, twin_wait.go a twin's bounded wait, stepping.go
+// what a stepped run reads and moves.
 //
 // The lab runs the same decision over packed keys unless -plain-paths is
 // on: packed.go keeps a key in 424 bytes instead of 806, and parts.go lists
