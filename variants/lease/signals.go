@@ -21,5 +21,6 @@ func (p *testSignal[T]) signal(v T) {
 
 // signals are the store's named points.
 type signals struct {
-	claimed testSignal[int64] // phase one committed: the token won
+	claimed  testSignal[int64] // phase one committed: the token won
+	renewing testSignal[int64] // the heartbeat started for the token
 }

@@ -6,8 +6,10 @@
 //
 // This file is the design, in order: the claim, the renewal, the fenced
 // write with its completion, the fence's refusal, the replay. Beside it:
-// config.go, heartbeat.go, keys.go and signals.go. Twins poll: waking them
-// at once (lab.Wakeups) made 64 concurrent attempts slower in lab bench.
+// config.go, heartbeat.go, keys.go, signals.go, twin_wait.go (a twin's
+// bounded poll) and stepping.go (what a stepped run reads and moves).
+// Twins poll: waking them at once (lab.Wakeups) made 64 concurrent
+// attempts slower in lab bench.
 package lease
 
 import (
@@ -34,42 +36,33 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	if a.Faults.ClaimTTL > 0 {
 		lease = a.Faults.ClaimTTL
 	}
-	deadline := time.Now().Add(s.wait)
-	backoff := 5 * time.Millisecond // a twin's work takes milliseconds: look again soon, then less often
-	var cl claim                    // tokens start at 1: none yet while it is 0
-	for cl.token == 0 {
-		won, r, err := s.claim(ctx, a, lease, retention)
-		switch {
-		case err != nil:
-			return lab.Outcome{}, err
-		case won != nil:
-			cl = *won
-		case r.fingerprint != a.Fingerprint:
-			return lab.Outcome{}, lab.ErrKeyReused
-		case r.state == lab.KeyCompleted:
-			return lab.Outcome{Response: lab.Response{Status: *r.status, Body: r.body}, Replayed: true}, nil
-		case time.Now().After(deadline): // still working under a live lease: say where to look
-			return lab.Outcome{Pending: &lab.Operation{Key: a.Scope.Key, State: lab.KeyInFlight, Token: r.token, LeaseExpires: r.leaseExpires.UTC()}}, nil
-		default:
-			if err := lab.Sleep(ctx, backoff); err != nil {
-				return lab.Outcome{}, err
-			}
-			backoff = min(2*backoff, 20*time.Millisecond)
-		}
+	if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
+		return lab.Outcome{}, err
+	}
+	cl, out, err := s.claimOrWait(ctx, a, lease, retention)
+	if err != nil || cl.token == 0 { // tokens start at 1: no claim won
+		return out, err
 	}
 	lab.Mark(ctx, lab.PhaseClaim) // phase one committed
 	s.signals.claimed.signal(cl.token)
+	s.hold(ctx, a.Scope, cl.token)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays until its lease ends; then a retry takes over
 	}
+	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
+		s.release(a, cl) // given up before any write, as failed work is
+		return lab.Outcome{}, err
+	}
 	// The work, outside any transaction: nothing is held while it runs. A
 	// live worker renews its lease meanwhile, so slow work keeps its claim;
-	// a stale worker (a pause of the whole process) renews nothing.
+	// a stale worker (a pause of the whole process) renews nothing, nor
+	// does a stepped attempt: paused between moves, it stands for a stalled
+	// worker, and the lease move ends its lease.
 	stopRenewing := func() {}
-	if !a.Faults.Has(lab.FaultStaleWorker) {
+	if !a.Faults.Has(lab.FaultStaleWorker) && !lab.Stepped(ctx) {
 		stopRenewing = s.heartbeat(ctx, a.Scope, cl, lease)
 	}
-	err := a.Faults.Pause(ctx)
+	err = a.Faults.Pause(ctx)
 	stopRenewing()
 	if err != nil {
 		s.release(a, cl)
@@ -78,7 +71,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	// Once started, the write runs to its end even if the client leaves.
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	out, err := s.write(wctx, a, cl, retention)
+	out, err = s.write(wctx, a, cl, retention)
 	switch {
 	case pgdb.StaleToken(err) || errors.Is(err, errStaleCompletion):
 		return s.fenced(wctx, a, cl, err)

@@ -19,13 +19,19 @@ import (
 // leases begin and end by it.
 func setup(t *testing.T, now lab.Clock) (*lease.Store, *pgxpool.Pool) {
 	t.Helper()
+	return setupWait(t, now, 100*time.Millisecond)
+}
+
+// setupWait is setup with a twin's bounded wait of its own.
+func setupWait(t *testing.T, now lab.Clock, wait time.Duration) (*lease.Store, *pgxpool.Pool) {
+	t.Helper()
 	url, schema := labtest.Postgres(t)
 	pool, err := pgdb.Open(t.Context(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 10, Migrate: true, AppName: "lab-test-" + schema})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := lease.New(lease.Config{Pool: pgdb.NewPool(pool), Window: time.Hour, Wait: 100 * time.Millisecond, Lease: time.Minute,
+	s, err := lease.New(lease.Config{Pool: pgdb.NewPool(pool), Window: time.Hour, Wait: wait, Lease: time.Minute,
 		Now: now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)

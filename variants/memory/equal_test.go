@@ -24,11 +24,12 @@ import (
 // plain Store (store.go) in less memory, nothing else. Both run the same
 // random histories — charges and retries across tenants, namespaces and
 // keys, reused keys, lost commits, crashes (confined or not), failed
-// outbox writes, short retentions, restarts, resets, sweeps and clock
-// jumps — each on books and a clock of its own, and after every step they
-// must have given the same answer, shown the same keys and left the same
-// ledger and outbox. Charge ids, random by design, are compared by the
-// order they first appear in.
+// outbox writes, short retentions, restarts, resets, sweeps, clock jumps
+// and stepped runs' window moves — each on books and a clock of its own,
+// and after every step they must have given the same answer, shown the
+// same keys (to Lookup and to Inspect) and left the same ledger and
+// outbox. Charge ids, random by design, are compared by the order they
+// first appear in.
 func TestPackedAnswersAsPlain(t *testing.T) {
 	t.Parallel()
 	const histories, steps = 200, 60
@@ -77,8 +78,9 @@ func answerKind(answer string) string {
 // after it.
 type view struct {
 	Answer  string
-	Lookups []lab.KeyState // every scope of stepTenants × stepKeys
-	Tallies []lab.KeyTally // the ledger's, likewise
+	Lookups []lab.KeyState      // every scope of stepTenants × stepKeys
+	Inspect []lab.KeyInspection // likewise
+	Tallies []lab.KeyTally      // the ledger's, likewise
 	Newest  [][]lab.KeyState
 	Totals  []int
 	Every   []lab.KeyState // every namespace's keys, sorted
@@ -129,7 +131,7 @@ func stepKeys() []string    { return []string{"k0", "k1", "m-0", "m-1"} }
 
 // step is one move of a history.
 type step struct {
-	kind    string // charge, lose, advance, restart, reset, sweep
+	kind    string // charge, lose, advance, window, restart, reset, sweep
 	tenant  string
 	key     string
 	amount  int64
@@ -148,6 +150,8 @@ func (s step) String() string {
 		return fmt.Sprintf("the ledger loses the next %d answers", s.lose)
 	case "advance":
 		return fmt.Sprintf("advance %s", s.advance)
+	case "window":
+		return fmt.Sprintf("the window passes for %s/%s", s.tenant, s.key)
 	case "restart", "reset":
 		return fmt.Sprintf("%s %+v", s.kind, s.region)
 	}
@@ -177,6 +181,8 @@ func randomStep(rng *rand.Rand) step {
 		return s
 	case n < 76:
 		return step{kind: "lose", lose: []int32{1, 3}[rng.IntN(2)]} // within the request's own retries, or past them
+	case n < 84:
+		return step{kind: "window", tenant: pick(stepTenants()...), key: pick(stepKeys()...)}
 	case n < 88:
 		return step{kind: "advance", advance: []time.Duration{1500 * time.Millisecond, 10 * time.Minute, 61 * time.Minute}[rng.IntN(3)]}
 	case n < 93:
@@ -208,6 +214,9 @@ func (w *twin) do(t *testing.T, s step) view {
 		w.failures.Store(s.lose)
 	case "advance":
 		w.clock.Advance(s.advance)
+	case "window":
+		sc := lab.Scope{Namespace: lab.NamespaceOf(s.tenant), Tenant: s.tenant, Endpoint: lab.Endpoint, Key: s.key}
+		v.Answer = fmt.Sprint(w.store.MakeHappen(ctx, sc, lab.EventWindow))
 	case "restart":
 		v.Answer = fmt.Sprint(w.store.Restart(ctx, s.region))
 	case "reset":
@@ -223,8 +232,15 @@ func (w *twin) do(t *testing.T, s step) view {
 	}
 	for _, tenant := range stepTenants() {
 		for _, key := range stepKeys() {
-			k, err := w.store.Lookup(ctx, lab.Scope{Namespace: lab.NamespaceOf(tenant), Tenant: tenant, Endpoint: lab.Endpoint, Key: key})
+			sc := lab.Scope{Namespace: lab.NamespaceOf(tenant), Tenant: tenant, Endpoint: lab.Endpoint, Key: key}
+			k, err := w.store.Lookup(ctx, sc)
 			must(err)
+			in, err := w.store.Inspect(ctx, sc)
+			must(err)
+			for i, fact := range in.Facts {
+				in.Facts[i] = w.named(fact)
+			}
+			v.Inspect = append(v.Inspect, in)
 			tally, err := w.books.KeyCharges(ctx, tenant, memory.Name, key)
 			must(err)
 			for i, id := range tally.IDs {

@@ -42,6 +42,8 @@ type Packed struct {
 	// one attendee injects forgets their keys and nobody else's.
 	parts  map[lab.Namespace]*part
 	expiry packedExpiry // every part's completed entries; stale ones are skipped
+	// holders names the stepped attempt that claimed an entry (stepping.go).
+	holders map[*packedEntry]string
 }
 
 // packedEntry is one key. A retained key costs this struct, its id and its

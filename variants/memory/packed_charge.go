@@ -19,12 +19,8 @@ func (s *Packed) Name() lab.StoreName { return Name }
 // Charge claims the key or waits for its twin, then charges at most once per replica.
 func (s *Packed) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
 	fp := fingerprintOf(a.Fingerprint)
-	var deadline *time.Timer // started by the first wait: a first attempt or a replay needs none
-	defer func() {
-		if deadline != nil {
-			deadline.Stop()
-		}
-	}()
+	var wait twinWait // started by the first wait: a first attempt or a replay needs none
+	defer wait.end()
 	for {
 		if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
 			return lab.Outcome{}, err
@@ -38,9 +34,6 @@ func (s *Packed) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error)
 		case done == nil: // completed: its response never changes
 			return lab.Outcome{Response: e.response(), Replayed: true}, nil
 		}
-		if deadline == nil {
-			deadline = time.NewTimer(lab.BoundedWait(ctx, s.wait))
-		}
 		select {
 		case <-done:
 			// What the owner set before closing done stays: read it.
@@ -52,10 +45,8 @@ func (s *Packed) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error)
 			}
 			// The first request gave up and released the key, or its
 			// outcome is unknown: compete again.
-		case <-deadline.C:
-			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
-		case <-ctx.Done():
-			return lab.Outcome{}, ctx.Err()
+		case <-wait.done(ctx, s.wait): // ran out, a "wait" move ended it, or the caller left
+			return lab.Outcome{}, waitOver(ctx)
 		}
 	}
 }
@@ -109,6 +100,7 @@ func (s *Packed) perform(ctx context.Context, e *packedEntry, a lab.Attempt) (la
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
 	c := e.claim // the owner's until it settles the entry: nobody else changes it
+	s.hold(ctx, e)
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
 		// Nothing charged by this attempt; an inherited charge id is kept.
 		if c.inherited {

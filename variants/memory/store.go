@@ -5,7 +5,8 @@
 // charges, and completes the key with its response; a retry finds the key
 // and replays that response, or waits for its twin. forget.go is what a
 // crash, a restart and the key window take away, state.go what
-// /idempotency/state shows.
+// /idempotency/state shows, twin_wait.go a twin's bounded wait, stepping.go
+// what a stepped run reads and moves.
 //
 // The lab runs the same decision over packed keys unless -plain-paths is
 // on: packed.go keeps a key in 424 bytes instead of 806, and parts.go lists
@@ -36,6 +37,7 @@ type Store struct {
 	entries map[lab.Scope]*entry // (namespace, tenant, endpoint, key): one tenant's key is never another's
 	claims  uint64               // claims so far: orders the keys claimed at one instant
 	expiry  expiryHeap           // settled entries by expiry, evicted as claims go by
+	holders map[*entry]string    // the stepped attempt that claimed an entry (stepping.go)
 }
 
 // entry is one key, from its claim to its eviction.
@@ -95,12 +97,8 @@ func (s *Store) Name() lab.StoreName { return Name }
 
 // Charge claims the key or waits for its twin, then charges at most once per replica.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
-	var deadline *time.Timer // started by the first wait: a first attempt or a replay needs none
-	defer func() {
-		if deadline != nil {
-			deadline.Stop()
-		}
-	}()
+	var wait twinWait // started by the first wait: a first attempt or a replay needs none
+	defer wait.end()
 	for {
 		if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
 			return lab.Outcome{}, err
@@ -114,9 +112,6 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		case state == completed: // its response never changes: replay it
 			return lab.Outcome{Response: e.resp, Replayed: true}, nil
 		}
-		if deadline == nil {
-			deadline = time.NewTimer(lab.BoundedWait(ctx, s.wait))
-		}
 		select {
 		case <-e.done:
 			// What the owner set before closing done stays: read it.
@@ -128,10 +123,8 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			}
 			// The first request gave up and released the key, or its
 			// outcome is unknown: compete again.
-		case <-deadline.C:
-			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
-		case <-ctx.Done():
-			return lab.Outcome{}, ctx.Err()
+		case <-wait.done(ctx, s.wait): // ran out, a "wait" move ended it, or the caller left
+			return lab.Outcome{}, waitOver(ctx)
 		}
 	}
 }
@@ -178,6 +171,7 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 		return lab.Outcome{}, lab.ErrCrash
 	}
 	lab.Mark(ctx, lab.PhaseClaim)
+	s.hold(ctx, e)
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
 		s.giveUp(e, a) // nothing was charged by this attempt
 		return lab.Outcome{}, err

@@ -27,6 +27,8 @@ type store interface {
 	lab.Resetter
 	lab.Sweeper
 	lab.InFlightAger
+	lab.KeyInspector
+	lab.TimeMover
 	Len() int
 }
 

@@ -1,0 +1,285 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants/lease"
+)
+
+// stepGate holds one stepped attempt for a test: each point it reaches is
+// sent on reached, and it moves on when the test says so.
+type stepGate struct {
+	name     string
+	reached  chan lab.PausePoint
+	turn     chan struct{}
+	waitEnds chan struct{}
+}
+
+func newStepGate(name string) *stepGate {
+	return &stepGate{name: name, reached: make(chan lab.PausePoint, 8), turn: make(chan struct{}), waitEnds: make(chan struct{})}
+}
+
+func (g *stepGate) Reach(ctx context.Context, p lab.PausePoint) error {
+	g.reached <- p
+	select {
+	case <-g.turn:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (g *stepGate) Name() string              { return g.name }
+func (g *stepGate) WaitEnds() <-chan struct{} { return g.waitEnds }
+
+// at waits until the attempt stands at want.
+func (g *stepGate) at(t *testing.T, want lab.PausePoint) {
+	t.Helper()
+	select {
+	case got := <-g.reached:
+		if got != want {
+			t.Fatalf("%s reached %s, want %s", g.name, got, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not reach %s within 10s", g.name, want)
+	}
+}
+
+// move lets the attempt go on from where it stands.
+func (g *stepGate) move() { g.turn <- struct{}{} }
+
+type answer struct {
+	out lab.Outcome
+	err error
+}
+
+// charge sends a on a goroutine; its answer comes on the channel.
+func charge(ctx context.Context, s *lease.Store, a lab.Attempt) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		out, err := s.Charge(ctx, a)
+		done <- answer{out, err}
+	}()
+	return done
+}
+
+// answerOf waits for an attempt's answer; the test fails after 10 seconds.
+func answerOf(t *testing.T, who string, done <-chan answer) answer {
+	t.Helper()
+	select {
+	case ans := <-done:
+		return ans
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not answer within 10s", who)
+		return answer{}
+	}
+}
+
+// inspect reads the key and checks its state and that its facts hold each of want.
+func inspect(t *testing.T, s *lease.Store, sc lab.Scope, state string, want ...string) {
+	t.Helper()
+	in, err := s.Inspect(t.Context(), sc)
+	facts := strings.Join(in.Facts, "; ")
+	if err != nil || in.State != state || in.Where == "" {
+		t.Fatalf("inspection %+v (%v): want %s", in, err, state)
+	}
+	for _, w := range want {
+		if !strings.Contains(facts, w) {
+			t.Fatalf("inspection %+v: want a fact holding %q", in, w)
+		}
+	}
+}
+
+// ledger is what the database holds for the key: its charges, the token
+// the newest was written with, and the writes the fence refused.
+func ledger(t *testing.T, pool *pgxpool.Pool, key string) (charges int, token int64, fenced []int64) {
+	t.Helper()
+	ctx := t.Context()
+	if err := pool.QueryRow(ctx, `SELECT count(*), coalesce(max(fence_token), 0) FROM charges WHERE tenant_id = 'acme' AND idempotency_key = $1`,
+		key).Scan(&charges, &token); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT stale_token FROM fenced_writes WHERE tenant_id = 'acme' AND idempotency_key = $1 ORDER BY refused_at`, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var tok int64
+		if err := rows.Scan(&tok); err != nil {
+			t.Fatal(err)
+		}
+		fenced = append(fenced, tok)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return charges, token, fenced
+}
+
+// TestSteppedStaleWorkerIsFenced plays lease-stale-worker-fenced move by
+// move (1,1,lease,2,2,2,1) with a gate per attempt: attempt 1 claims and
+// pauses, renewing nothing; its lease ends; attempt 2 takes the key over
+// with a higher token and charges; attempt 1's write is refused by the
+// ledger and it answers with attempt 2's charge. One charge, one fenced write.
+func TestSteppedStaleWorkerIsFenced(t *testing.T) {
+	clock := labtest.NewClock(time.Now())
+	s, pool := setup(t, clock.Now)
+	signals := lease.ArmSignals(s)
+	ctx := t.Context()
+	const key = "k-step-fenced"
+	a := attempt(key, lab.Faults{})
+	g1, g2 := newStepGate("step-f/1"), newStepGate("step-f/2")
+	inspect(t, s, a.Scope, lab.KeyAbsent, "no row")
+
+	first := charge(lab.WithStepGate(ctx, g1), s, a) // 1: sent
+	g1.at(t, lab.PointBeforeClaim)
+	g1.move() // 1: claims
+	g1.at(t, lab.PointAfterClaim)
+	stale := signals.WaitClaimed(t)
+	inspect(t, s, a.Scope, lab.KeyInFlight, "token "+strconv.FormatInt(stale, 10)+", won by attempt 1 (step-f/1)", "lease ends in 1 m 0 s")
+
+	if err := s.MakeHappen(ctx, a.Scope, lab.EventLease); err != nil { // lease
+		t.Fatal(err)
+	}
+	inspect(t, s, a.Scope, lab.KeyInFlight, "lease ended 0 ms ago")
+	if k, err := s.Lookup(ctx, a.Scope); err != nil || k.State != lab.KeyAbsent {
+		t.Fatalf("key after the lease move: %+v (%v); want it free to take over", k, err)
+	}
+
+	second := charge(lab.WithStepGate(ctx, g2), s, a) // 2: sent
+	g2.at(t, lab.PointBeforeClaim)
+	g2.move() // 2: takes over
+	g2.at(t, lab.PointAfterClaim)
+	taken := signals.WaitClaimed(t)
+	if taken <= stale {
+		t.Fatalf("the take-over won token %d, want one above %d", taken, stale)
+	}
+	inspect(t, s, a.Scope, lab.KeyInFlight, "token "+strconv.FormatInt(taken, 10)+", won by attempt 2 (step-f/2)", "lease ends in")
+
+	g2.move() // 2: writes, charges, answers
+	took := answerOf(t, "attempt 2", second)
+	if took.err != nil || took.out.Replayed || took.out.Response.Status != http.StatusCreated {
+		t.Fatalf("attempt 2: %+v %v; want its own 201", took.out, took.err)
+	}
+	inspect(t, s, a.Scope, lab.KeyCompleted, "completed: 201, charge ch_")
+
+	g1.move() // 1: writes with the stale token, fenced
+	fenced := answerOf(t, "attempt 1", first)
+	if fenced.err != nil || !fenced.out.Replayed || string(fenced.out.Response.Body) != string(took.out.Response.Body) {
+		t.Fatalf("attempt 1: %+v %v; want attempt 2's charge replayed to it", fenced.out, fenced.err)
+	}
+	inspect(t, s, a.Scope, lab.KeyCompleted, "a write with stale token "+strconv.FormatInt(stale, 10)+" was fenced")
+
+	charges, token, refused := ledger(t, pool, key)
+	if charges != 1 || token != taken || len(refused) != 1 || refused[0] != stale {
+		t.Fatalf("ledger: %d charge(s) with token %d, fenced %v; want one with token %d, and token %d fenced once",
+			charges, token, refused, taken, stale)
+	}
+	if renewing := signals.Renewing(); len(renewing) != 0 {
+		t.Fatalf("heartbeats started for tokens %v: a stepped attempt renews nothing", renewing)
+	}
+}
+
+// TestSteppedTwinGivesUpOnTheWaitMove: a twin polling a live claim answers
+// 202 pending when the wait move ends its bounded wait, long before the
+// bound (10 minutes here) would. Then the window move makes the completed
+// key's retention end: a late retry takes it over and charges again.
+func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
+	clock := labtest.NewClock(time.Now())
+	s, pool := setupWait(t, clock.Now, 10*time.Minute)
+	signals := lease.ArmSignals(s)
+	ctx := t.Context()
+	const key = "k-step-wait"
+	a := attempt(key, lab.Faults{})
+	g1, g2 := newStepGate("step-w/1"), newStepGate("step-w/2")
+	first := charge(lab.WithStepGate(ctx, g1), s, a)
+	g1.at(t, lab.PointBeforeClaim)
+	g1.move()
+	g1.at(t, lab.PointAfterClaim)
+	token := signals.WaitClaimed(t)
+
+	second := charge(lab.WithStepGate(ctx, g2), s, a)
+	g2.at(t, lab.PointBeforeClaim)
+	g2.move() // finds the live claim and polls it
+	close(g2.waitEnds)
+	if err := s.MakeHappen(ctx, a.Scope, lab.EventWait); err != nil {
+		t.Fatal(err)
+	}
+	ans := answerOf(t, "attempt 2", second)
+	if ans.err != nil || ans.out.Pending == nil || ans.out.Pending.Token != token {
+		t.Fatalf("attempt 2 after the wait move: %+v %v; want 202 pending on token %d", ans.out, ans.err, token)
+	}
+
+	g1.move()
+	if done := answerOf(t, "attempt 1", first); done.err != nil || done.out.Response.Status != http.StatusCreated {
+		t.Fatalf("attempt 1: %+v %v", done.out, done.err)
+	}
+	if charges, _, _ := ledger(t, pool, key); charges != 1 {
+		t.Fatalf("%d charges before the window, want 1", charges)
+	}
+	if err := s.MakeHappen(ctx, a.Scope, lab.EventWindow); err != nil {
+		t.Fatal(err)
+	}
+	inspect(t, s, a.Scope, lab.KeyCompleted, "its retention ended 0 ms ago: the next attempt takes the key over")
+	late, err := s.Charge(ctx, a)
+	if err != nil || late.Replayed || late.Response.Status != http.StatusCreated {
+		t.Fatalf("a retry after the window: %+v %v; want a new charge", late, err)
+	}
+	if charges, _, _ := ledger(t, pool, key); charges != 2 {
+		t.Fatalf("%d charges after the window, want 2", charges)
+	}
+	signals.WaitClaimed(t) // the late retry's
+}
+
+// TestSteppedAttemptGivingUpReleasesItsClaim: an attempt whose stepped run
+// ends while it pauses after its claim releases it, as failed work does:
+// a retry takes over at once, not a lease later, and charges once.
+func TestSteppedAttemptGivingUpReleasesItsClaim(t *testing.T) {
+	clock := labtest.NewClock(time.Now())
+	s, pool := setup(t, clock.Now)
+	signals := lease.ArmSignals(s)
+	const key = "k-step-abort"
+	a := attempt(key, lab.Faults{})
+	g := newStepGate("step-a/1")
+	ctx, abort := context.WithCancel(lab.WithStepGate(t.Context(), g))
+	done := charge(ctx, s, a)
+	g.at(t, lab.PointBeforeClaim)
+	g.move()
+	g.at(t, lab.PointAfterClaim)
+	signals.WaitClaimed(t)
+	abort()
+	if ans := answerOf(t, "the aborted attempt", done); !errors.Is(ans.err, context.Canceled) {
+		t.Fatalf("the aborted attempt: %+v %v; want its context's end", ans.out, ans.err)
+	}
+	inspect(t, s, a.Scope, lab.KeyInFlight, "lease ended 0 ms ago")
+	out, err := s.Charge(t.Context(), a)
+	if err != nil || out.Replayed || out.Response.Status != http.StatusCreated {
+		t.Fatalf("the retry: %+v %v; want it to take over and charge", out, err)
+	}
+	signals.WaitClaimed(t)
+	if charges, _, fenced := ledger(t, pool, key); charges != 1 || len(fenced) != 0 {
+		t.Fatalf("ledger: %d charge(s), fenced %v; want one, none fenced", charges, fenced)
+	}
+}
+
+// TestTimeEventsTheDesignHasNot: a TTL and a failover mean nothing to a
+// lease in PostgreSQL: each is refused, naming the event.
+func TestTimeEventsTheDesignHasNot(t *testing.T) {
+	s, _ := setup(t, time.Now)
+	for _, ev := range []lab.TimeEvent{lab.EventTTL, lab.EventFailover, "eclipse"} {
+		var invalid *lab.InvalidError
+		if err := s.MakeHappen(t.Context(), attempt("k", lab.Faults{}).Scope, ev); !errors.As(err, &invalid) || invalid.Param != "event" {
+			t.Errorf("%s: %v, want an invalid event", ev, err)
+		}
+	}
+}

@@ -1,0 +1,194 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/variants/memory"
+)
+
+// stepGate holds one stepped attempt for a test: each point it reaches is
+// sent on reached, and it moves on when the test says so.
+type stepGate struct {
+	name     string
+	reached  chan lab.PausePoint
+	turn     chan struct{}
+	waitEnds chan struct{}
+}
+
+func newStepGate(name string) *stepGate {
+	return &stepGate{name: name, reached: make(chan lab.PausePoint, 8), turn: make(chan struct{}), waitEnds: make(chan struct{})}
+}
+
+func (g *stepGate) Reach(ctx context.Context, p lab.PausePoint) error {
+	g.reached <- p
+	select {
+	case <-g.turn:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+func (g *stepGate) Name() string              { return g.name }
+func (g *stepGate) WaitEnds() <-chan struct{} { return g.waitEnds }
+
+// at waits until the attempt stands at want.
+func (g *stepGate) at(t *testing.T, want lab.PausePoint) {
+	t.Helper()
+	if got := <-g.reached; got != want {
+		t.Fatalf("%s reached %s, want %s", g.name, got, want)
+	}
+}
+
+// move lets the attempt go on from where it stands.
+func (g *stepGate) move() { g.turn <- struct{}{} }
+
+// answer is a Charge's result.
+type answer struct {
+	out lab.Outcome
+	err error
+}
+
+// charge sends a on a goroutine; its answer comes on the channel.
+func charge(ctx context.Context, s store, a lab.Attempt) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		out, err := s.Charge(ctx, a)
+		done <- answer{out, err}
+	}()
+	return done
+}
+
+// inspect reads the key and checks its state and that a fact holds want.
+func inspect(t *testing.T, s store, sc lab.Scope, state, want string) {
+	t.Helper()
+	in, err := s.Inspect(context.Background(), sc)
+	if err != nil || in.State != state || in.Where == "" || !strings.Contains(strings.Join(in.Facts, "; "), want) {
+		t.Fatalf("inspection %+v (%v): want %s with a fact holding %q", in, err, state, want)
+	}
+}
+
+// TestSteppedTwinGivesUpOnTheWaitMove plays a stepped run on one replica:
+// attempt 1 claims and pauses; attempt 2 finds the claim and waits on it;
+// the "wait" move ends that wait at once with 409, not the bound's timer.
+// Attempt 1 then charges; the window move forgets the key, and a late
+// retry charges again. Inspect follows the key throughout.
+func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
+	t.Parallel()
+	onBothPaths(t, func(t *testing.T, newStore newStoreFunc) {
+		synctest.Test(t, func(t *testing.T) {
+			books := inmem.NewBooks(time.Now)
+			s := newStore(t, memory.Config{Ledger: books, Window: 24 * time.Hour, Wait: time.Second})
+			bg := context.Background()
+			a := attempt("k-step", 100)
+			inspect(t, s, a.Scope, lab.KeyAbsent, "no entry")
+
+			g1, g2 := newStepGate("step-t/1"), newStepGate("step-t/2")
+			first := charge(lab.WithStepGate(bg, g1), s, a)
+			g1.at(t, lab.PointBeforeClaim)
+			g1.move()
+			g1.at(t, lab.PointAfterClaim)
+			inspect(t, s, a.Scope, lab.KeyInFlight, "claimed by attempt 1 (step-t/1)")
+
+			start := time.Now()
+			second := charge(lab.WithStepGate(bg, g2), s, a)
+			g2.at(t, lab.PointBeforeClaim)
+			g2.move()
+			synctest.Wait() // attempt 2 waits on attempt 1's claim
+			select {
+			case ans := <-second:
+				t.Fatalf("attempt 2 answered before the wait move: %+v", ans)
+			default:
+			}
+			close(g2.waitEnds) // the "wait" move
+			ans := <-second
+			var busy *lab.InProgressError
+			if !errors.As(ans.err, &busy) {
+				t.Fatalf("attempt 2 after the wait move: %+v, want 409 in progress", ans)
+			}
+			if waited := time.Since(start); waited != 0 {
+				t.Fatalf("attempt 2 gave up after %s: a timer, not the move, ended its wait", waited)
+			}
+			if err := s.MakeHappen(bg, a.Scope, lab.EventWait); err != nil {
+				t.Fatalf("the wait event on the store: %v", err)
+			}
+			if err := s.MakeHappen(bg, a.Scope, lab.EventWindow); err != nil {
+				t.Fatal(err)
+			}
+			inspect(t, s, a.Scope, lab.KeyInFlight, "attempt 1") // a claim's window starts when it settles
+
+			g1.move()
+			g1.at(t, lab.PointAfterCharge)
+			g1.move()
+			if ans := <-first; ans.err != nil || ans.out.Replayed || ans.out.Response.Status != 201 {
+				t.Fatalf("attempt 1: %+v, want its own 201", ans)
+			}
+			inspect(t, s, a.Scope, lab.KeyCompleted, "completed by attempt 1 (step-t/1): 201, charge ch_")
+			inspect(t, s, a.Scope, lab.KeyCompleted, "expires in 24 h 0 m")
+			if k, _ := books.KeyCharges(bg, "acme", memory.Name, "k-step"); k.Charges != 1 {
+				t.Fatalf("%d charges before the window, want 1", k.Charges)
+			}
+			if out, err := s.Charge(bg, a); err != nil || !out.Replayed {
+				t.Fatalf("a retry within the window: %+v %v, want a replay", out, err)
+			}
+
+			if err := s.MakeHappen(bg, a.Scope, lab.EventWindow); err != nil {
+				t.Fatal(err)
+			}
+			inspect(t, s, a.Scope, lab.KeyAbsent, "no entry")
+			if out, err := s.Charge(bg, a); err != nil || out.Replayed {
+				t.Fatalf("a retry after the window: %+v %v, want a new charge", out, err)
+			}
+			if k, _ := books.KeyCharges(bg, "acme", memory.Name, "k-step"); k.Charges != 2 {
+				t.Fatalf("%d charges after the window, want 2", k.Charges)
+			}
+			inspect(t, s, a.Scope, lab.KeyCompleted, "completed: 201, charge ch_") // no stepped attempt claimed it
+		})
+	})
+}
+
+// TestSteppedAttemptGivingUpReleasesItsClaim: an attempt whose stepped run
+// ends while it pauses after its claim leaves the key free, uncharged.
+func TestSteppedAttemptGivingUpReleasesItsClaim(t *testing.T) {
+	t.Parallel()
+	onBothPaths(t, func(t *testing.T, newStore newStoreFunc) {
+		books := inmem.NewBooks(time.Now)
+		s := newStore(t, memory.Config{Ledger: books})
+		a := attempt("k-abort", 100)
+		g := newStepGate("step-t/1")
+		ctx, abort := context.WithCancel(lab.WithStepGate(t.Context(), g))
+		done := charge(ctx, s, a)
+		g.at(t, lab.PointBeforeClaim)
+		g.move()
+		g.at(t, lab.PointAfterClaim)
+		abort()
+		if ans := <-done; !errors.Is(ans.err, context.Canceled) {
+			t.Fatalf("the aborted attempt: %+v, want its context's end", ans)
+		}
+		inspect(t, s, a.Scope, lab.KeyAbsent, "no entry")
+		if k, _ := books.KeyCharges(t.Context(), "acme", memory.Name, "k-abort"); k.Charges != 0 {
+			t.Fatalf("%d charges, want none", k.Charges)
+		}
+	})
+}
+
+// TestTimeEventsTheDesignHasNot: a TTL, a lease and a failover mean
+// nothing to a map in the heap: each is refused, naming the event.
+func TestTimeEventsTheDesignHasNot(t *testing.T) {
+	t.Parallel()
+	onBothPaths(t, func(t *testing.T, newStore newStoreFunc) {
+		s := newStore(t, memory.Config{})
+		for _, ev := range []lab.TimeEvent{lab.EventTTL, lab.EventLease, lab.EventFailover, "eclipse"} {
+			var invalid *lab.InvalidError
+			if err := s.MakeHappen(t.Context(), attempt("k", 100).Scope, ev); !errors.As(err, &invalid) || invalid.Param != "event" {
+				t.Errorf("%s: %v, want an invalid event", ev, err)
+			}
+		}
+	})
+}
