@@ -20,6 +20,8 @@ type Store struct {
 	now     lab.Clock
 	log     *slog.Logger
 	signals signals // see signals.go
+	// stepClaims names the stepped attempts that won tokens (stepping.go).
+	stepClaims stepClaims
 }
 
 // Config configures a Store; every field is required.

@@ -18,11 +18,10 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// stepClaims names the stepped attempt that won each token. It is the
-// package's, not a store's: a stepped run's replicas share this process,
-// so any of them can say who holds a token.
-var stepClaims struct {
-	sync.Mutex
+// stepClaims names the stepped attempt that won each token on this store
+// (a token won on another replica is named by that replica's store).
+type stepClaims struct {
+	mu sync.Mutex
 	by map[tokenOf]stepClaim
 }
 
@@ -46,29 +45,34 @@ func (s *Store) hold(ctx context.Context, sc lab.Scope, token int64) {
 	if name == "" {
 		return
 	}
-	now := time.Now()
-	stepClaims.Lock()
-	defer stepClaims.Unlock()
-	for k, c := range stepClaims.by {
-		if now.Sub(c.at) > stepClaimsKept {
-			delete(stepClaims.by, k)
+	now, c := time.Now(), &s.stepClaims
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k, held := range c.by {
+		if now.Sub(held.at) > stepClaimsKept {
+			delete(c.by, k)
 		}
 	}
-	if stepClaims.by == nil {
-		stepClaims.by = map[tokenOf]stepClaim{}
+	if c.by == nil {
+		c.by = map[tokenOf]stepClaim{}
 	}
-	stepClaims.by[tokenOf{sc, token}] = stepClaim{name, now}
+	c.by[tokenOf{sc, token}] = stepClaim{name, now}
 }
 
 // holder names who won the token: a stepped attempt, or a request.
-func holder(sc lab.Scope, token int64) string {
-	stepClaims.Lock()
-	c, ok := stepClaims.by[tokenOf{sc, token}]
-	stepClaims.Unlock()
+func (s *Store) holder(sc lab.Scope, token int64) string {
+	s.stepClaims.mu.Lock()
+	c, ok := s.stepClaims.by[tokenOf{sc, token}]
+	s.stepClaims.mu.Unlock()
 	if !ok {
 		return "a request"
 	}
 	return fmt.Sprintf("attempt %s (%s)", c.name[strings.LastIndexByte(c.name, '/')+1:], c.name)
+}
+
+// TimeMoves are the events a lease key lives by.
+func (s *Store) TimeMoves() []lab.TimeEvent {
+	return []lab.TimeEvent{lab.EventLease, lab.EventWindow, lab.EventWait}
 }
 
 // MakeHappen makes a time-driven event happen to the key now, on the
@@ -122,7 +126,7 @@ func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, e
 	}
 	now := s.now()
 	in.State = r.state
-	in.Facts = append(in.Facts, fmt.Sprintf("token %d, won by %s", r.token, holder(sc, r.token)))
+	in.Facts = append(in.Facts, fmt.Sprintf("token %d, won by %s", r.token, s.holder(sc, r.token)))
 	switch {
 	case r.state == lab.KeyInFlight && now.Before(r.leaseExpires):
 		in.Facts = append(in.Facts, "lease ends in "+span(r.leaseExpires.Sub(now)), "its charge will be "+r.chargeID)

@@ -88,6 +88,9 @@ func (s *Packed) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection, er
 	return h.inspection(now), nil
 }
 
+// TimeMoves are the events a memory key lives by.
+func (s *Store) TimeMoves() []lab.TimeEvent { return []lab.TimeEvent{lab.EventWindow, lab.EventWait} }
+
 // MakeHappen makes a time-driven event happen to the key now.
 func (s *Store) MakeHappen(_ context.Context, sc lab.Scope, ev lab.TimeEvent) error {
 	if ev != lab.EventWindow {
@@ -102,6 +105,9 @@ func (s *Store) MakeHappen(_ context.Context, sc lab.Scope, ev lab.TimeEvent) er
 	}
 	return nil
 }
+
+// TimeMoves are the events a memory key lives by.
+func (s *Packed) TimeMoves() []lab.TimeEvent { return []lab.TimeEvent{lab.EventWindow, lab.EventWait} }
 
 // MakeHappen makes a time-driven event happen to the key now, as
 // Store.MakeHappen does.
