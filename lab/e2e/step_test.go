@@ -288,3 +288,35 @@ func TestStepAbort(t *testing.T) {
 		t.Fatalf("a run after the abort: %d %s", r.Status, r.Body)
 	}
 }
+
+// TestStepWithACrash: a fault of the first attempt goes with a stepped run.
+// Crashed after its charge, memory forgets the key and the retry charges
+// again; postgres committed the key with the charge, and the retry replays.
+func TestStepWithACrash(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	// Attempt 1 to its crash (memory dies right after its charge, postgres
+	// after its commit, past after_charge), then attempt 2 to its answer.
+	for store, c := range map[string]struct {
+		moves string
+		want  int
+	}{"memory": {"1,1,1,2,2,2,2", 2}, "postgres": {"1,1,1,1,2,2,2", 1}} {
+		want := c.want
+		started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store="+store+"&attempts=2&fault=crash_after_charge", nil, "")
+		if started.Status != http.StatusCreated {
+			t.Fatalf("%s: start: %d %s", store, started.Status, started.Body)
+		}
+		run := labtest.Decode[stepReply](t, started)
+		r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+run.ID+"/advance?schedule="+c.moves, nil, "")
+		v := labtest.Decode[stepReply](t, r)
+		if r.Status != http.StatusOK || !v.Over || v.Faults != "crash_after_charge" {
+			t.Fatalf("%s: %d %s", store, r.Status, r.Body)
+		}
+		if ans := v.Attempts[0].Answer; ans == nil || ans.Status != 0 || ans.Error == "" {
+			t.Fatalf("%s: the crashed attempt got %+v, want no answer", store, ans)
+		}
+		if got := keyCharges(t, a, "acme", lab.StoreName(store), v.Key); got != want || v.Ledger.Charges != want {
+			t.Fatalf("%s: the books hold %d charges after the crash (the answer says %d), want %d", store, got, v.Ledger.Charges, want)
+		}
+	}
+}

@@ -313,6 +313,10 @@ func (st *stepped) send(ctx context.Context, n int, key, header string) step.Ans
 	if err != nil {
 		return step.Answer{Error: fmt.Sprintf("error building the request: %v", err)}
 	}
+	// Sent once: Go's transport would resend a request carrying an
+	// Idempotency-Key on a dropped kept-alive connection (a crash), and a
+	// stepped attempt's gate is taken once.
+	hr.GetBody = nil
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("Authorization", "Bearer "+st.id.Token)
 	hr.Header.Set(lab.KeyHeader, key)
