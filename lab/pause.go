@@ -155,4 +155,7 @@ type KeyInspection struct {
 	// Blocked says, by attempt number, what the store sees an attempt
 	// wait on, when it can see it (a lock wait).
 	Blocked map[string]string `json:"blocked,omitempty"`
+	// Shared says the key lives outside the replica (a database, Redis):
+	// every replica's store sees the same, so it is read once.
+	Shared bool `json:"shared,omitempty"`
 }

@@ -288,11 +288,14 @@ func (st *stepped) inspect(ctx context.Context) []lab.KeyInspection {
 		if err != nil {
 			in = lab.KeyInspection{Where: string(st.req.Store), State: "unknown", Facts: []string{err.Error()}}
 		}
-		if names[i] != "" {
-			in.Where = names[i] + ": " + in.Where
-		}
 		if in.Facts == nil {
 			in.Facts = []string{}
+		}
+		if in.Shared { // one key for every replica: read once
+			return []lab.KeyInspection{in}
+		}
+		if names[i] != "" {
+			in.Where = names[i] + ": " + in.Where
 		}
 		out = append(out, in)
 	}

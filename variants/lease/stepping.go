@@ -106,7 +106,7 @@ func (s *Store) MakeHappen(ctx context.Context, sc lab.Scope, ev lab.TimeEvent) 
 // Inspect says what lease_requests holds for the key, as committed: a
 // claim is committed at once, so it shows while its worker works.
 func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, error) {
-	in := lab.KeyInspection{Where: "PostgreSQL table lease_requests", State: lab.KeyAbsent}
+	in := lab.KeyInspection{Where: "PostgreSQL table lease_requests", State: lab.KeyAbsent, Shared: true}
 	var r row
 	var retentionEnds time.Time
 	var fenced, stale int64

@@ -73,7 +73,7 @@ func (s *Store) TimeMoves() []lab.TimeEvent { return []lab.TimeEvent{lab.EventWi
 // run's open transactions with whoever they wait on. An uncommitted claim
 // is seen only as its transaction, holding the unique index entry.
 func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, error) {
-	in := lab.KeyInspection{Where: "PostgreSQL, " + s.table, State: lab.KeyAbsent, Facts: []string{}}
+	in := lab.KeyInspection{Where: "PostgreSQL, " + s.table, State: lab.KeyAbsent, Facts: []string{}, Shared: true}
 	var (
 		state           string
 		status          *int

@@ -75,7 +75,7 @@ func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, e
 
 func (s *Store) inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, error) {
 	k := s.key(sc)
-	in := lab.KeyInspection{Where: "Redis, " + s.where, State: lab.KeyAbsent, Facts: []string{}}
+	in := lab.KeyInspection{Where: "Redis, " + s.where, State: lab.KeyAbsent, Facts: []string{}, Shared: true}
 	pipe := s.client.Pipeline()
 	get, ttl := pipe.Get(ctx, k), pipe.PTTL(ctx, k)
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
