@@ -259,6 +259,7 @@ func (r *Runner) effectCharge(ctx context.Context, req EffectsRequest, store lab
 	if err != nil {
 		return 0, fmt.Errorf("error building a charge: %w", err)
 	}
+	hr.GetBody = nil // sent once, as fire.go's: the transport would resend a keyed request by itself
 	hr.Header.Set("Authorization", "Bearer "+req.Token)
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set(lab.KeyHeader, wire.FormatKeyHeader(key))
