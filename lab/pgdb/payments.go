@@ -71,31 +71,34 @@ func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookRes
 		if mismatch != "" {
 			next = current
 		}
-		// A twin of this event waits here on the primary key until the
-		// first commits, then inserts nothing.
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO webhook_events (event_id, event_type, charge_id, tenant_id, state_before, state_after, received_at,
-				capture_id, amount_cents, currency, mismatch)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, nullif($11, '')) ON CONFLICT (event_id) DO NOTHING`,
-			w.EventID, w.Type, w.ChargeID, w.Tenant, current, next, w.ReceivedAt, w.CaptureID, w.AmountCents, w.Currency, mismatch)
+		// One statement records the event and, when it is new and moves
+		// the charge, moves it and settles its captures (a capture settled
+		// leaves the index the stuck gauge reads). A twin of this event
+		// waits on webhook_events' primary key until the first commits,
+		// then inserts nothing and moves nothing.
+		var recorded bool
+		err = tx.QueryRow(ctx, `
+			WITH recorded AS (
+				INSERT INTO webhook_events (event_id, event_type, charge_id, tenant_id, state_before, state_after, received_at,
+					capture_id, amount_cents, currency, mismatch)
+				VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, nullif($11, '')) ON CONFLICT (event_id) DO NOTHING
+				RETURNING event_id
+			), moved AS (
+				UPDATE charges SET payment_state = $6 WHERE id = $3 AND $6::text <> $5::text AND EXISTS (SELECT 1 FROM recorded)
+				RETURNING id
+			), settled AS (
+				UPDATE charge_captures SET settled = true WHERE charge_id = $3 AND NOT settled AND EXISTS (SELECT 1 FROM moved)
+			)
+			SELECT EXISTS (SELECT 1 FROM recorded)`,
+			w.EventID, w.Type, w.ChargeID, w.Tenant, current, next, w.ReceivedAt, w.CaptureID, w.AmountCents, w.Currency, mismatch).Scan(&recorded)
 		if err != nil {
-			return fmt.Errorf("error recording webhook %s: %w", w.EventID, err)
+			return fmt.Errorf("error recording webhook %s for charge %s: %w", w.EventID, w.ChargeID, err)
 		}
-		if tag.RowsAffected() == 0 {
+		if !recorded {
 			res = lab.WebhookResult{Duplicate: true, Before: current, After: current}
 			return nil
 		}
 		res = lab.WebhookResult{Before: current, After: next, Mismatch: mismatch}
-		if next == current {
-			return nil
-		}
-		if _, err := tx.Exec(ctx, `UPDATE charges SET payment_state = $2 WHERE id = $1`, w.ChargeID, next); err != nil {
-			return fmt.Errorf("error moving charge %s to %s: %w", w.ChargeID, next, err)
-		}
-		// Settled: the charge leaves the index the stuck gauge reads.
-		if _, err := tx.Exec(ctx, `UPDATE charge_captures SET settled = true WHERE charge_id = $1 AND NOT settled`, w.ChargeID); err != nil {
-			return fmt.Errorf("error settling the captures of charge %s: %w", w.ChargeID, err)
-		}
 		return nil
 	})
 	return res, err
