@@ -21,17 +21,39 @@ type Pairing struct {
 	Goal float64 `json:"goal,omitempty"`
 	// Status says why there is no figure.
 	Status string `json:"status,omitempty"`
+	// A serial bound's parts: the HTTP ceiling and the store's, whose
+	// bound PerSec is (see serialBound).
+	HTTPPerSec  float64 `json:"http_per_s,omitempty"`
+	StorePerSec float64 `json:"store_per_s,omitempty"`
 }
 
-// redisReplayGoal is the issue's target: a redis replay at least 0.6 times
-// as fast as a memory replay.
-const redisReplayGoal = 0.6
+// The issue's targets: the least ratio each pair should reach.
+const (
+	redisReplayGoal      = 0.6  // redis replay over memory replay
+	memoryReplayGoal     = 0.9  // memory replay over the bare Echo handler
+	pgReplayBoundGoal    = 0.8  // postgres replay over its serial bound
+	pgFreshBoundGoal     = 0.85 // postgres fresh (1,000 accounts) over its serial bound
+	redisReplayBoundGoal = 0.85 // redis replay over its serial bound
+)
+
+// serialBound is the most a path can answer per second when each request
+// passes through two parts one after the other, each at its own ceiling:
+// a request costs the sum of their times, 1/http + 1/store. 0 when either
+// is unknown.
+func serialBound(http, store float64) float64 {
+	if http <= 0 || store <= 0 {
+		return 0
+	}
+	return 1 / (1/http + 1/store)
+}
 
 // pair sets each phase beside what bounds it: the postgres paths beside
 // pgbench on the same statements (replays also beside a bare primary-key
 // read), redis replays beside memory replays and redis-benchmark, memory
 // replays beside a bare Echo handler, and every path on several replicas
-// beside the same path on one.
+// beside the same path on one. The postgres paths and the redis replay
+// are also set beside their serial bound: the bare Echo handler and their
+// store's ceiling one after the other.
 func pair(res *Result) {
 	ceilings := map[string]*Ceiling{}
 	for _, c := range res.Ceilings {
@@ -47,15 +69,35 @@ func pair(res *Result) {
 	}
 	for _, p := range res.Phases {
 		var ps []Pairing
-		add := func(id string) {
+		add := func(id string, goal float64) {
 			c := ceilings[id]
 			switch {
 			case c == nil:
 			case c.Status != Measured:
-				ps = append(ps, Pairing{Name: c.Name, Status: c.Status})
+				ps = append(ps, Pairing{Name: c.Name, Goal: goal, Status: c.Status})
 			default:
-				ps = append(ps, Pairing{Name: c.Name, PerSec: c.PerSec, Ratio: ratio(p.Throughput, c.PerSec)})
+				ps = append(ps, Pairing{Name: c.Name, PerSec: c.PerSec, Ratio: ratio(p.Throughput, c.PerSec), Goal: goal})
 			}
+		}
+		// bound sets the phase beside the serial bound of the HTTP ceiling
+		// and the store ceiling id, when both were loaded.
+		bound := func(id string, goal float64) {
+			h, s := ceilings[EchoBare], ceilings[id]
+			if h == nil || s == nil {
+				return
+			}
+			q := Pairing{Name: "serial bound: " + h.Name + " + " + s.Name, Goal: goal}
+			switch {
+			case h.Status != Measured:
+				q.Status = h.Name + ": " + h.Status
+			case s.Status != Measured:
+				q.Status = "needs " + s.Tool
+			default:
+				q.HTTPPerSec, q.StorePerSec = h.PerSec, s.PerSec
+				q.PerSec = serialBound(h.PerSec, s.PerSec)
+				q.Ratio = ratio(p.Throughput, q.PerSec)
+			}
+			ps = append(ps, q)
 		}
 		beside := func(q *Phase, name string, goal float64) {
 			switch {
@@ -72,18 +114,22 @@ func pair(res *Result) {
 			one := Phase{Store: p.Store, Kind: p.Kind, Replicas: 1}
 			beside(find(p.Store, p.Kind, 1), one.Path(), 0)
 		case p.Store == "postgres" && p.Kind == FreshHot:
-			add(PgFreshHot)
+			add(PgFreshHot, 0)
+			bound(PgFreshHot, 0)
 		case p.Store == "postgres" && p.Kind == FreshMany:
-			add(PgFreshMany)
+			add(PgFreshMany, 0)
+			bound(PgFreshMany, pgFreshBoundGoal)
 		case p.Store == "postgres" && p.Kind == Replay:
-			add(PgSelect)
-			add(PgReplay)
+			add(PgSelect, 0)
+			add(PgReplay, 0)
+			bound(PgReplay, pgReplayBoundGoal) // the store's own statement
 		case p.Store == "redis" && p.Kind == Replay:
 			beside(find("memory", Replay, 1), "memory replay, 1 replica", redisReplayGoal)
-			add(RedisSetNX)
-			add(RedisGet)
+			add(RedisSetNX, 0)
+			add(RedisGet, 0)
+			bound(RedisSetNX, redisReplayBoundGoal) // the store's own command
 		case p.Store == "memory" && p.Kind == Replay:
-			add(EchoBare)
+			add(EchoBare, memoryReplayGoal)
 		}
 		p.Ceilings = ps
 	}
@@ -144,7 +190,7 @@ func (p Pairing) ratioText() string {
 	if p.Goal > 0 {
 		verdict := "meets"
 		if p.Ratio < p.Goal {
-			verdict = "misses"
+			verdict = "below"
 		}
 		s += fmt.Sprintf(" (%s goal ≥ %s×)", verdict, strconv.FormatFloat(p.Goal, 'f', -1, 64))
 	}
