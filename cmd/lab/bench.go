@@ -37,6 +37,7 @@ type benchFlags struct {
 	markdown    bool
 	smoke       bool
 	attemptRuns int
+	repeat      int
 	cpuProfile  string
 }
 
@@ -66,6 +67,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&f.markdown, "markdown", false, "print the table as markdown for a README, after the command line that reproduces it")
 	fs.BoolVar(&f.smoke, "smoke", false, "a very short run: 300ms phases, memory and unsafe unless -stores, only the Echo ceiling, 2 runs of 64 attempts")
 	fs.IntVar(&f.attemptRuns, "attempt-runs", 9, "64-attempt lab runs per store, for their median wall time and barrier spread")
+	fs.IntVar(&f.repeat, "repeat", 1, "rounds: run every phase, ceiling and 64-attempt run this many times, one round after the other, and report medians and spreads")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the lab, its load generator and its clients) to this file, for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,6 +103,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("-connections must be in 1..1024 (got %d)", f.connections)
 	case f.attemptRuns < 0:
 		return fmt.Errorf("-attempt-runs must not be negative (got %d)", f.attemptRuns)
+	case f.repeat < 1 || f.repeat > 50:
+		return fmt.Errorf("-repeat must be in 1..50 (got %d)", f.repeat)
 	}
 	external := f.ceilings && !f.smoke
 	// One namespace may hold a quarter of a replica's pool, so that one
@@ -176,7 +180,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
-		AttemptRuns: f.attemptRuns, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
+		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
 		Progress: func(done, total int, label string) {
 			if bar.tty {
 				bar.show(done, total, label)

@@ -12,10 +12,10 @@ import (
 )
 
 // concurrent fires the lab's own 64-attempt run (one key, 64 concurrent
-// retries released by a barrier) AttemptRuns times on a store, and keeps
-// each run's wall time and barrier spread.
-func (b *bencher) concurrent(ctx context.Context, st storeInfo) *Concurrent {
-	c := &Concurrent{Store: st.Name, Verdicts: map[string]int{}}
+// retries released by a barrier) AttemptRuns times on a store, and adds
+// each run's wall time and barrier spread to c, whose medians then count
+// every round's runs.
+func (b *bencher) concurrent(ctx context.Context, st storeInfo, c *Concurrent) {
 	u := b.cfg.Lab.URL + "/charge-idempotent?store=" + url.QueryEscape(string(st.Name)) + "&attempts=" + strconv.Itoa(Attempts) + "&key=fresh"
 	if !st.RequiresKey {
 		u = b.cfg.Lab.URL + "/charge-unsafe?attempts=" + strconv.Itoa(Attempts) + "&key=fresh"
@@ -32,7 +32,6 @@ func (b *bencher) concurrent(ctx context.Context, st storeInfo) *Concurrent {
 		c.Verdicts[rep.Verdict]++
 	}
 	c.MedianWallMS, c.MedianSpreadMS = median(c.WallMS), median(c.SpreadMS)
-	return c
 }
 
 // runReport is what the bench reads of a lab run's report.

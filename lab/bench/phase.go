@@ -26,7 +26,8 @@ type Phase struct {
 	Store    lab.StoreName `json:"store"`
 	Kind     Kind          `json:"kind"`
 	Replicas int           `json:"replicas"`
-	Run      string        `json:"run"` // the Lab-Run its charges carry in the ledger
+	Round    int           `json:"round"` // 1 for the bench's first round
+	Run      string        `json:"run"`   // the Lab-Run its charges carry in the ledger
 	Targets  []string      `json:"targets"`
 	Stats
 	// Replay only: the answers that were (not) replays, and the replays
@@ -111,6 +112,9 @@ func (p *Phase) Path() string {
 	}
 	return fmt.Sprintf("%s %s, %s", p.Store, what, plural(p.Replicas, "replica"))
 }
+
+// name is the path, with the phase's round when the bench has several.
+func (p *Phase) name(rounds int) string { return p.Path() + roundSuffix(p.Round, rounds) }
 
 func plural(n int, what string) string {
 	if n == 1 {

@@ -25,6 +25,10 @@ type Pairing struct {
 	// bound PerSec is (see serialBound).
 	HTTPPerSec  float64 `json:"http_per_s,omitempty"`
 	StorePerSec float64 `json:"store_per_s,omitempty"`
+	// Over the rounds (a path's pairings): the spreads of the figure
+	// beside the path and of the ratio.
+	Rates  *Spread `json:"per_s_spread,omitempty"`
+	Ratios *Spread `json:"ratio_spread,omitempty"`
 }
 
 // The issue's targets: the least ratio each pair should reach.
@@ -53,24 +57,30 @@ func serialBound(http, store float64) float64 {
 // replays beside a bare Echo handler, and every path on several replicas
 // beside the same path on one. The postgres paths and the redis replay
 // are also set beside their serial bound: the bare Echo handler and their
-// store's ceiling one after the other.
+// store's ceiling one after the other. A phase meets only what its own
+// round measured.
 func pair(res *Result) {
-	ceilings := map[string]*Ceiling{}
-	for _, c := range res.Ceilings {
-		ceilings[c.ID] = c
+	type roundID struct {
+		round int
+		id    string
 	}
-	find := func(store lab.StoreName, k Kind, replicas int) *Phase {
-		for _, q := range res.Phases {
-			if q.Store == store && q.Kind == k && q.Replicas == replicas {
-				return q
-			}
-		}
-		return nil
+	byRound := map[roundID]*Ceiling{}
+	for _, c := range res.Ceilings {
+		byRound[roundID{c.Round, c.ID}] = c
 	}
 	for _, p := range res.Phases {
+		find := func(store lab.StoreName, k Kind, replicas int) *Phase {
+			for _, q := range res.Phases {
+				if q.Store == store && q.Kind == k && q.Replicas == replicas && q.Round == p.Round {
+					return q
+				}
+			}
+			return nil
+		}
+		ceilings := func(id string) *Ceiling { return byRound[roundID{p.Round, id}] }
 		var ps []Pairing
 		add := func(id string, goal float64) {
-			c := ceilings[id]
+			c := ceilings(id)
 			switch {
 			case c == nil:
 			case c.Status != Measured:
@@ -80,18 +90,17 @@ func pair(res *Result) {
 			}
 		}
 		// bound sets the phase beside the serial bound of the HTTP ceiling
-		// and the store ceiling id, when both were loaded.
+		// and the store ceiling id, when the store's was measured (its own
+		// row says why not).
 		bound := func(id string, goal float64) {
-			h, s := ceilings[EchoBare], ceilings[id]
-			if h == nil || s == nil {
+			h, s := ceilings(EchoBare), ceilings(id)
+			if h == nil || s == nil || s.Status != Measured {
 				return
 			}
 			q := Pairing{Name: "serial bound: " + h.Name + " + " + s.Name, Goal: goal}
 			switch {
 			case h.Status != Measured:
 				q.Status = h.Name + ": " + h.Status
-			case s.Status != Measured:
-				q.Status = "needs " + s.Tool
 			default:
 				q.HTTPPerSec, q.StorePerSec = h.PerSec, s.PerSec
 				q.PerSec = serialBound(h.PerSec, s.PerSec)
@@ -187,6 +196,9 @@ func (p Pairing) ratioText() string {
 		return "—"
 	}
 	s := strconv.FormatFloat(p.Ratio, 'f', 2, 64) + "×"
+	if p.Ratios != nil && p.Ratios.N > 1 {
+		s += " (" + strconv.FormatFloat(p.Ratios.Min, 'f', 2, 64) + "–" + strconv.FormatFloat(p.Ratios.Max, 'f', 2, 64) + ")"
+	}
 	if p.Goal > 0 {
 		verdict := "meets"
 		if p.Ratio < p.Goal {
@@ -197,46 +209,70 @@ func (p Pairing) ratioText() string {
 	return s
 }
 
-// marks flags a phase in the table: (!) some answers were not 2xx or it
-// could not run; (ledger) its ledger check failed.
-func (p *Phase) marks() string {
+// marks flags a path in the table: (!) some answers were not 2xx or a
+// phase could not run; (ledger) a ledger check failed.
+func (s *PathSummary) marks() string {
+	var bad, ledger bool
+	for _, p := range s.phases {
+		bad = bad || p.Error != "" || p.Non2xx > 0
+		ledger = ledger || p.Check != nil && !p.Check.OK
+	}
 	var m []string
-	if p.Error != "" || p.Non2xx > 0 {
+	if bad {
 		m = append(m, "(!)")
 	}
-	if p.Check != nil && !p.Check.OK {
+	if ledger {
 		m = append(m, "(ledger)")
 	}
 	return strings.Join(m, " ")
 }
 
-// rows lays the result out as the table's cells.
+// rows lays the result out as the table's cells: one path a row (and a
+// row more per extra ceiling), its medians over the rounds, and with
+// several rounds the throughput's range.
 func (r *Result) rows() [][]string {
-	out := [][]string{{"path", "throughput /s", "p50", "p99", "ceiling", "ceiling /s", "ratio"}}
-	for _, p := range r.ordered() {
-		path := p.Path()
-		if m := p.marks(); m != "" {
+	rounds := r.Repeat > 1
+	head := []string{"path", "throughput /s", "p50", "p99", "ceiling", "ceiling /s", "ratio"}
+	if rounds {
+		head = slices.Insert(head, 2, "range /s")
+	}
+	out := [][]string{head}
+	for _, s := range r.Paths {
+		path := s.Path()
+		if m := s.marks(); m != "" {
 			path += " " + m
 		}
-		first := []string{path, perSec(p.Throughput), millis(p.Latency.P50), millis(p.Latency.P99), "—", "", ""}
-		if p.Error != "" {
+		first := []string{path, perSec(s.Throughput.Median), millis(s.P50.Median), millis(s.P99.Median)}
+		if s.Rounds == 0 {
 			first[1], first[2], first[3] = "could not run", "", ""
 		}
-		for i, c := range p.Ceilings {
-			cells := []string{"", "", "", "", c.Name, perSec(c.PerSec), c.ratioText()}
+		if rounds {
+			first = slices.Insert(first, 2, spreadText(s.Throughput))
+		}
+		blank := make([]string, len(first))
+		for i, c := range s.Ceilings {
+			cells := append(slices.Clone(blank), c.Name, perSec(c.PerSec), c.ratioText())
 			if c.Status != "" {
-				cells[5] = c.Status
+				cells[len(cells)-2] = c.Status
 			}
 			if i == 0 {
-				copy(cells[:4], first[:4])
+				copy(cells, first)
 			}
 			out = append(out, cells)
 		}
-		if len(p.Ceilings) == 0 {
-			out = append(out, first)
+		if len(s.Ceilings) == 0 {
+			out = append(out, append(first, "—", "", ""))
 		}
 	}
 	return out
+}
+
+// spreadText is a spread's range, as the table shows it.
+func spreadText(s Spread) string {
+	if s.N < 2 {
+		return "—"
+	}
+	return perSec(s.Min) + "–" + perSec(s.Max)
 }
 
 // ordered lists the phases store by store (in the lab's order), each
@@ -267,6 +303,9 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 	}
 	fmt.Fprintf(&b, "Phases of %s at %d connections (vegeta, unpaced), each once the outbox had drained; %d CPUs (GOMAXPROCS %d), %s, %s; elapsed %s.\n\n",
 		r.Duration, r.Connections, r.Host.CPUs, r.Host.GOMAXPROCS, r.Host.Go, r.Host.OS, r.Elapsed.Round(100_000_000))
+	if r.Repeat > 1 {
+		fmt.Fprintf(&b, "%d rounds, one after the other (every path, ceiling and 64-attempt run once a round): each figure is the median of the rounds, the range its least and greatest, a ratio the median of the rounds' own ratios (its range in brackets).\n\n", r.Repeat)
+	}
 	if r.Plain {
 		b.WriteString("Plain paths: every design ran without the optimisations it keeps in files of their own (-plain-paths on).\n\n")
 	}
@@ -278,6 +317,9 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 		}
 	}
 	right := []bool{false, true, true, true, false, true, false}
+	if r.Repeat > 1 {
+		right = slices.Insert(right, 2, true)
+	}
 	line := func(cells []string) {
 		b.WriteString("|")
 		for i, c := range cells {
@@ -324,13 +366,15 @@ func (r *Result) notes() []string {
 	for _, p := range r.ordered() {
 		switch {
 		case p.Error != "":
-			out = append(out, fmt.Sprintf("(!) %s could not run: %s", p.Path(), p.Error))
+			out = append(out, fmt.Sprintf("(!) %s could not run: %s", p.name(r.Repeat), p.Error))
 		case p.Non2xx > 0:
-			out = append(out, fmt.Sprintf("(!) %s: %s of %s answers were not 2xx (%s)", p.Path(), thousands(p.Non2xx), thousands(int(p.Requests)), codes(p.StatusCodes, p.Errors)))
+			out = append(out, fmt.Sprintf("(!) %s: %s of %s answers were not 2xx (%s)", p.name(r.Repeat), thousands(p.Non2xx), thousands(int(p.Requests)), codes(p.StatusCodes, p.Errors)))
 		}
 	}
+	primed := map[string]bool{}
 	for _, p := range r.ordered() {
-		if p.Primed > 1 {
+		if p.Primed > 1 && !primed[p.Path()] {
+			primed[p.Path()] = true
 			out = append(out, fmt.Sprintf("%s: priming the key charged it %d times, once per replica: each keeps its own keys", p.Path(), p.Primed))
 		}
 	}
@@ -344,7 +388,7 @@ func (r *Result) notes() []string {
 			held++
 			continue
 		}
-		out = append(out, fmt.Sprintf("(ledger) %s: %s", p.Path(), strings.Join(p.Check.Failures, "; ")))
+		out = append(out, fmt.Sprintf("(ledger) %s: %s", p.name(r.Repeat), strings.Join(p.Check.Failures, "; ")))
 	}
 	if checked > 0 {
 		if held == checked {
@@ -363,16 +407,32 @@ func (r *Result) notes() []string {
 		}
 		out = append(out, fmt.Sprintf("%s: %s: %s", s.Store, what, s.Reason))
 	}
+	measured := map[string]bool{}
+	for _, c := range r.CeilingSummaries {
+		measured[c.ID] = c.Status == Measured
+	}
 	for _, c := range r.Ceilings {
+		if c.Status != Measured && measured[c.ID] { // measured in another round
+			out = append(out, fmt.Sprintf("ceiling %s, round %d: %s", c.Name, c.Round, c.Status))
+		}
+	}
+	for _, c := range r.CeilingSummaries {
 		if c.Status != Measured {
 			out = append(out, fmt.Sprintf("ceiling %s: %s", c.Name, c.Status))
 			continue
 		}
-		how := ""
+		how, spread := "", ""
 		if c.Command != "" {
 			how = " — `" + c.Command + "`"
 		}
-		out = append(out, fmt.Sprintf("ceiling %s: %s/s, %s average%s", c.Name, perSec(c.PerSec), millis(c.LatencyMS), how))
+		if c.PerSec.N > 1 {
+			spread = fmt.Sprintf(" (median of %d rounds, %s)", c.PerSec.N, spreadText(c.PerSec))
+		}
+		latency := ""
+		if c.LatencyMS > 0 {
+			latency = ", " + millis(c.LatencyMS) + " average"
+		}
+		out = append(out, fmt.Sprintf("ceiling %s: %s/s%s%s%s", c.Name, perSec(c.PerSec.Median), spread, latency, how))
 	}
 	for _, c := range r.Concurrent {
 		line := fmt.Sprintf("%d concurrent attempts on %s (`/charge-idempotent?attempts=%d&key=fresh`), median of %d runs: wall %s, barrier spread %s",
