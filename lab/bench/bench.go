@@ -136,16 +136,34 @@ type Skip struct {
 	Reason string        `json:"reason"`
 }
 
-// Concurrent is a store's 64-attempt lab runs.
+// Concurrent is a store's 64-attempt lab runs. A run's wall time is its
+// attempts alone, from their release to the last answer, without the
+// checks that follow.
 type Concurrent struct {
-	Store          lab.StoreName  `json:"store"`
-	Runs           int            `json:"runs"`
-	WallMS         []float64      `json:"wall_ms"`
-	SpreadMS       []float64      `json:"barrier_spread_ms"`
-	MedianWallMS   float64        `json:"median_wall_ms"`
-	MedianSpreadMS float64        `json:"median_barrier_spread_ms"`
-	Verdicts       map[string]int `json:"verdicts"`
-	Error          string         `json:"error,omitempty"`
+	Store          lab.StoreName `json:"store"`
+	Runs           int           `json:"runs"`
+	WallMS         []float64     `json:"wall_ms"`
+	SpreadMS       []float64     `json:"barrier_spread_ms"`
+	MedianWallMS   float64       `json:"median_wall_ms"`
+	MedianSpreadMS float64       `json:"median_barrier_spread_ms"`
+	Wall           Spread        `json:"wall_ms_spread"`
+	// GoalWallMS is the issue's target for the median wall time, when it
+	// sets one for the store.
+	GoalWallMS float64        `json:"goal_wall_ms,omitempty"`
+	Verdicts   map[string]int `json:"verdicts"`
+	Error      string         `json:"error,omitempty"`
+}
+
+// wallGoalMS is the issue's target for a store's median 64-attempt wall
+// time, 0 for none.
+func wallGoalMS(store lab.StoreName) float64 {
+	switch store {
+	case "memory":
+		return 10
+	case "postgres":
+		return 20
+	}
+	return 0
 }
 
 // Failures lists what failed: ledger checks, phases that could not run,

@@ -31,7 +31,13 @@ func (b *bencher) concurrent(ctx context.Context, st storeInfo, c *Concurrent) {
 		c.SpreadMS = append(c.SpreadMS, rep.BarrierSpreadMS)
 		c.Verdicts[rep.Verdict]++
 	}
+	c.summarise()
+}
+
+// summarise sets the medians of the runs so far, and the store's goal.
+func (c *Concurrent) summarise() {
 	c.MedianWallMS, c.MedianSpreadMS = median(c.WallMS), median(c.SpreadMS)
+	c.Wall, c.GoalWallMS = spreadOf(c.WallMS), wallGoalMS(c.Store)
 }
 
 // runReport is what the bench reads of a lab run's report.

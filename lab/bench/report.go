@@ -435,8 +435,23 @@ func (r *Result) notes() []string {
 		out = append(out, fmt.Sprintf("ceiling %s: %s/s%s%s%s", c.Name, perSec(c.PerSec.Median), spread, latency, how))
 	}
 	for _, c := range r.Concurrent {
+		wall := millis(c.MedianWallMS)
+		var about []string
+		if c.Wall.N > 1 {
+			about = append(about, millis(c.Wall.Min)+"–"+millis(c.Wall.Max))
+		}
+		if c.GoalWallMS > 0 && c.Runs > 0 {
+			verdict := "meets"
+			if c.MedianWallMS >= c.GoalWallMS {
+				verdict = "above"
+			}
+			about = append(about, fmt.Sprintf("%s goal < %s", verdict, millis(c.GoalWallMS)))
+		}
+		if len(about) > 0 {
+			wall += " (" + strings.Join(about, "; ") + ")"
+		}
 		line := fmt.Sprintf("%d concurrent attempts on %s (`/charge-idempotent?attempts=%d&key=fresh`), median of %d runs: wall %s, barrier spread %s",
-			Attempts, c.Store, Attempts, c.Runs, millis(c.MedianWallMS), millis(c.MedianSpreadMS))
+			Attempts, c.Store, Attempts, c.Runs, wall, millis(c.MedianSpreadMS))
 		if c.Store == "unsafe" {
 			line = strings.Replace(line, "/charge-idempotent?", "/charge-unsafe?", 1)
 		}

@@ -147,3 +147,26 @@ func TestRounds(t *testing.T) {
 		}
 	}
 }
+
+// TestAttemptGoals marks the 64-attempt runs' median wall time against the
+// issue's targets: memory under 10 ms, postgres under 20 ms.
+func TestAttemptGoals(t *testing.T) {
+	res := &Result{Concurrent: []*Concurrent{
+		{Store: "memory", Runs: 3, WallMS: []float64{12, 8, 9}, SpreadMS: []float64{1, 1, 1}},
+		{Store: "postgres", Runs: 2, WallMS: []float64{30, 25}, SpreadMS: []float64{2, 2}},
+		{Store: "redis", Runs: 1, WallMS: []float64{14}, SpreadMS: []float64{2}},
+	}}
+	for _, c := range res.Concurrent {
+		c.summarise()
+	}
+	notes := strings.Join(res.notes(), "\n")
+	for _, want := range []string{
+		"on memory (`/charge-idempotent?attempts=64&key=fresh`), median of 3 runs: wall 9.00 ms (8.00 ms–12.0 ms; meets goal < 10.0 ms)",
+		"on postgres (`/charge-idempotent?attempts=64&key=fresh`), median of 2 runs: wall 27.5 ms (25.0 ms–30.0 ms; above goal < 20.0 ms)",
+		"on redis (`/charge-idempotent?attempts=64&key=fresh`), median of 1 runs: wall 14.0 ms, barrier",
+	} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}
