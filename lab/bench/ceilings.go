@@ -174,7 +174,7 @@ func (b *bencher) echoCeiling(ctx context.Context) (*Ceiling, error) {
 		return nil
 	}
 	var s Stats
-	if err := b.attack(ctx, tr, "echo", &s, nil); err != nil {
+	if err := b.attack(ctx, tr, "echo", vegeta.Rate{}, b.cfg.Duration, &s, nil); err != nil {
 		return c, err
 	}
 	c.Stats, c.PerSec, c.P50MS, c.P99MS, c.LatencyMS, c.Status = &s, s.Throughput, s.Latency.P50, s.Latency.P99, s.Latency.Mean, Measured
