@@ -56,6 +56,9 @@ type Lab struct {
 	// outbox relay: a fresh phase measures the charge path alone, as
 	// pgbench does its statements, and the relay's drain is timed after.
 	HoldDelivery func(held bool)
+	// Webhooks, when set, counts the provider's webhooks of the namespace:
+	// a sustained step counts an event settled once they are acknowledged.
+	Webhooks func(ctx context.Context) (WebhookCounts, error)
 }
 
 // Config says what to measure.
@@ -76,10 +79,14 @@ type Config struct {
 	// 64-attempt run once per round, the rounds one after the other, so
 	// that a drift of the machine's speed meets every path alike; the
 	// table reports each figure's median and spread. 0 means 1.
-	Repeat   int
-	Command  string // the command line that reproduces the run, for the report
-	Plain    bool   // the lab runs its designs' plain paths (-plain-paths on)
-	Progress func(done, total int, label string)
+	Repeat int
+	// Sustained are the rates of each keyed store's sustained phase, as
+	// fractions of its fresh (Accounts accounts) throughput in the same
+	// bench, in the order run; none: no sustained phase.
+	Sustained []float64
+	Command   string // the command line that reproduces the run, for the report
+	Plain     bool   // the lab runs its designs' plain paths (-plain-paths on)
+	Progress  func(done, total int, label string)
 }
 
 // Kind is a loaded path.
@@ -119,6 +126,8 @@ type Result struct {
 	// rounds: what the table shows.
 	Paths            []*PathSummary    `json:"paths"`
 	CeilingSummaries []*CeilingSummary `json:"ceiling_summaries"`
+	// Sustained are the keyed stores' sustained phases, after the rounds.
+	Sustained []*Sustained `json:"sustained,omitempty"`
 }
 
 // Host is where the bench ran.
@@ -181,6 +190,17 @@ func (r *Result) Failures() []string {
 	for _, c := range r.Concurrent {
 		if c.Error != "" {
 			out = append(out, fmt.Sprintf("%d concurrent attempts on %s: %s", Attempts, c.Store, c.Error))
+		}
+	}
+	for _, s := range r.Sustained {
+		for _, x := range s.Steps {
+			name := fmt.Sprintf("sustained %s at %s", s.Store, percent(x.Fraction))
+			if x.Error != "" {
+				out = append(out, name+": "+x.Error)
+			}
+			if x.Check != nil && !x.Check.OK {
+				out = append(out, name+": ledger check failed: "+strings.Join(x.Check.Failures, "; "))
+			}
 		}
 	}
 	return out
@@ -281,6 +301,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	concurrent := map[lab.StoreName]*Concurrent{}
 	for round := 1; round <= cfg.Repeat; round++ {
 		steps = append(steps, b.round(round, stores, len(steps), concurrent)...)
+	}
+	sustained := 0
+	next := func() string {
+		sustained++
+		return fmt.Sprintf("bench-%s-sustained-%d", cfg.ID, sustained)
+	}
+	for _, st := range stores {
+		steps = append(steps, b.sustainedSteps(st, next)...)
 	}
 	began := time.Now()
 	for i, s := range steps {

@@ -309,16 +309,37 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 	if r.Plain {
 		b.WriteString("Plain paths: every design ran without the optimisations it keeps in files of their own (-plain-paths on).\n\n")
 	}
-	rows := r.rows()
+	right := []bool{false, true, true, true, false, true, false}
+	if r.Repeat > 1 {
+		right = slices.Insert(right, 2, true)
+	}
+	grid(&b, r.rows(), right)
+	if rows := r.sustainedRows(); len(rows) > 1 {
+		fmt.Fprintf(&b, "Sustained: fresh charges on %s accounts at fixed rates (vegeta's pacer) for %s each, the outbox relay running; the outbox sampled every %s.\n\n", thousands(Accounts), r.Duration, lagEvery)
+		grid(&b, rows, []bool{false, true, true, true, true, true, true, true, true, true})
+	}
+	bullet := ""
+	if markdown {
+		bullet = "- "
+	}
+	for _, n := range r.notes() {
+		b.WriteString(bullet + n + "\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	if err != nil {
+		return fmt.Errorf("error writing the bench table: %w", err)
+	}
+	return nil
+}
+
+// grid writes rows as an aligned markdown table, then a blank line; right
+// says which columns align right.
+func grid(b *strings.Builder, rows [][]string, right []bool) {
 	widths := make([]int, len(rows[0]))
 	for _, row := range rows {
 		for i, c := range row {
 			widths[i] = max(widths[i], utf8.RuneCountInString(c), 3)
 		}
-	}
-	right := []bool{false, true, true, true, false, true, false}
-	if r.Repeat > 1 {
-		right = slices.Insert(right, 2, true)
 	}
 	line := func(cells []string) {
 		b.WriteString("|")
@@ -346,18 +367,101 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 		line(row)
 	}
 	b.WriteString("\n")
-	bullet := ""
-	if markdown {
-		bullet = "- "
+}
+
+// sustainedRows lays the sustained phases out as a table's cells: a step
+// a row.
+func (r *Result) sustainedRows() [][]string {
+	out := [][]string{{"sustained", "offered /s", "charges /s", "delivered /s", "settled /s", "lag p50", "lag p99", "lag max", "backlog", "drain"}}
+	for _, s := range r.Sustained {
+		for _, x := range s.Steps {
+			name := fmt.Sprintf("%s at %s of %s/s", s.Store, percent(x.Fraction), perSec(s.BasePerSec))
+			var m []string
+			if x.Error != "" || x.Non2xx > 0 {
+				m = append(m, "(!)")
+			}
+			if x.Check != nil && !x.Check.OK {
+				m = append(m, "(ledger)")
+			}
+			if len(m) > 0 {
+				name += " " + strings.Join(m, " ")
+			}
+			out = append(out, []string{name, perSec(x.OfferedPerSec), perSec(x.Throughput), perSec(x.DeliveredPerSec), perSec(x.SettledPerSec),
+				lagText(x.Lag.P50, x.Lag.Samples), lagText(x.Lag.P99, x.Lag.Samples), lagText(x.Lag.Max, x.Lag.Samples), thousands(x.BacklogAtEnd), millis(x.DrainMS)})
+		}
 	}
-	for _, n := range r.notes() {
-		b.WriteString(bullet + n + "\n")
+	return out
+}
+
+// lagText writes a sampled lag: "0 ms" is a lag, "—" no sample.
+func lagText(ms float64, samples int) string {
+	switch {
+	case samples == 0:
+		return "—"
+	case ms <= 0:
+		return "0 ms"
 	}
-	_, err := io.WriteString(w, b.String())
-	if err != nil {
-		return fmt.Errorf("error writing the bench table: %w", err)
+	return millis(ms)
+}
+
+// sustainedNotes say what each store sustained, and how its steps held
+// to the ledger.
+func (r *Result) sustainedNotes() []string {
+	var out []string
+	checked, held := 0, 0
+	for _, s := range r.Sustained {
+		if s.Error != "" {
+			out = append(out, fmt.Sprintf("sustained %s: skipped: %s", s.Store, s.Error))
+			continue
+		}
+		line := fmt.Sprintf("sustained %s (fresh %s/s on %s): ", s.Store, perSec(s.BasePerSec), plural(s.Replicas, "replica"))
+		if s.SustainablePerSec > 0 {
+			line += fmt.Sprintf("sustainable throughput %s/s, the %s step (offered %s/s), the highest whose lag p99 stayed under %s", perSec(s.SustainablePerSec), percent(s.SustainableFraction), perSec(s.SustainableOffered), MaxLag)
+		} else {
+			line += fmt.Sprintf("no step kept its lag p99 under %s (and its ledger check): no sustainable throughput found", MaxLag)
+		}
+		for _, x := range s.Steps {
+			if x.Fraction == sustainedGoalFraction {
+				verdict := "meets"
+				switch {
+				case x.held():
+				case x.Lag.Samples > 0 && x.Lag.P99 >= float64(MaxLag.Milliseconds()):
+					verdict = "above"
+				default:
+					verdict = "misses" // its ledger check failed, or it could not sample
+				}
+				line += fmt.Sprintf("; at %s, lag p99 %s (%s goal < %s)", percent(x.Fraction), lagText(x.Lag.P99, x.Lag.Samples), verdict, MaxLag)
+			}
+		}
+		out = append(out, line)
+		for _, x := range s.Steps {
+			if x.Check == nil {
+				continue
+			}
+			checked++
+			if x.Check.OK {
+				held++
+				continue
+			}
+			out = append(out, fmt.Sprintf("(ledger) sustained %s at %s: %s", s.Store, percent(x.Fraction), strings.Join(x.Check.Failures, "; ")))
+		}
+		for _, x := range s.Steps {
+			if x.Error != "" {
+				out = append(out, fmt.Sprintf("(!) sustained %s at %s: %s", s.Store, percent(x.Fraction), x.Error))
+			}
+		}
 	}
-	return nil
+	switch {
+	case checked == 0:
+	case held == checked:
+		out = append(out, fmt.Sprintf("ledger (sustained): %d of %d steps hold: each key answered 201 has exactly one charge, the run's charges are exactly those answered, each with one outbox event, delivered once drained.", held, checked))
+	default:
+		out = append(out, fmt.Sprintf("ledger (sustained): %d of %d steps FAILED their check.", checked-held, checked))
+	}
+	if checked > 0 {
+		out = append(out, "sustained: lag is the oldest pending event's age as sampled while the load ran; delivered the events the relay delivered per second meanwhile, settled those whose capture's webhooks the lab had acknowledged (webhooks acknowledged over webhooks per event); backlog the events pending when the load stopped, drain how long they then took. The pacer uses the phase's connections: when all wait, the rate sent falls short of the rate offered.")
+	}
+	return out
 }
 
 // notes are the lines under the table.
@@ -400,6 +504,7 @@ func (r *Result) notes() []string {
 	if line := r.deliveryNote(); line != "" {
 		out = append(out, line)
 	}
+	out = append(out, r.sustainedNotes()...)
 	for _, s := range r.Skipped {
 		what := "skipped"
 		if s.Kind != "" {
