@@ -393,6 +393,22 @@ func (r *Result) sustainedRows() [][]string {
 	return out
 }
 
+// sampling is how long the steps' outbox reads took and how far apart
+// their samples came, medians over every step: a slow read spaces the
+// samples out, and loads the books while the charges run.
+func sampling(steps []*SustainedStep) (readMS, gapMS float64) {
+	var reads, gaps []float64
+	for _, x := range steps {
+		for i, smp := range x.Samples {
+			reads = append(reads, smp.OutboxMS)
+			if i > 0 {
+				gaps = append(gaps, smp.AtMS-x.Samples[i-1].AtMS)
+			}
+		}
+	}
+	return median(reads), median(gaps)
+}
+
 // lagText writes a sampled lag: "0 ms" is a lag, "—" no sample.
 func lagText(ms float64, samples int) string {
 	switch {
@@ -432,6 +448,9 @@ func (r *Result) sustainedNotes() []string {
 				}
 				line += fmt.Sprintf("; at %s, lag p99 %s (%s goal < %s)", percent(x.Fraction), lagText(x.Lag.P99, x.Lag.Samples), verdict, MaxLag)
 			}
+		}
+		if reads, gaps := sampling(s.Steps); reads > 0 {
+			line += fmt.Sprintf("; a read of the outbox took a median %s, so its samples came every %s (median)", millis(reads), millis(gaps))
 		}
 		out = append(out, line)
 		for _, x := range s.Steps {

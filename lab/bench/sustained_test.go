@@ -169,7 +169,8 @@ func TestSustainedTable(t *testing.T) {
 	ok := &Check{OK: true}
 	res := &Result{Duration: 2 * time.Second, Sustained: []*Sustained{
 		{Store: "memory", Replicas: 1, BasePerSec: 2000, SustainableFraction: 0.5, SustainableOffered: 1000, SustainablePerSec: 998, Steps: []*SustainedStep{
-			{Fraction: 0.5, OfferedPerSec: 1000, Stats: Stats{Throughput: 998}, DeliveredPerSec: 990, SettledPerSec: 980, Lag: Lag{P50: 40, P99: 300, Max: 320, Samples: 20}, Check: ok},
+			{Fraction: 0.5, OfferedPerSec: 1000, Stats: Stats{Throughput: 998}, DeliveredPerSec: 990, SettledPerSec: 980, Lag: Lag{P50: 40, P99: 300, Max: 320, Samples: 20}, Check: ok,
+				Samples: []LagSample{{AtMS: 0, OutboxMS: 4}, {AtMS: 100, OutboxMS: 6}, {AtMS: 250, OutboxMS: 30}}},
 			{Fraction: 0.8, OfferedPerSec: 1600, Stats: Stats{Throughput: 1590}, DeliveredPerSec: 700, Lag: Lag{P50: 800, P99: 1800, Max: 1900, Samples: 20}, BacklogAtEnd: 1800, DrainMS: 2500, Check: ok},
 		}},
 		{Store: "postgres", Error: "no fresh (1,000 accounts) throughput on 1 replica to take fractions of"},
@@ -186,7 +187,7 @@ func TestSustainedTable(t *testing.T) {
 		"| memory at 50 % of 2,000/s ",
 		"| memory at 80 % of 2,000/s         |      1,600 |      1,590 |          700 |          — |  800 ms | 1,800 ms | 1,900 ms |   1,800 | 2,500 ms |",
 		"| redis at 80 % of 1,500/s (ledger) |",
-		"- sustained memory (fresh 2,000/s on 1 replica): sustainable throughput 998/s, the 50 % step (offered 1,000/s), the highest whose lag p99 stayed under 1s; at 80 %, lag p99 1,800 ms (above goal < 1s)",
+		"- sustained memory (fresh 2,000/s on 1 replica): sustainable throughput 998/s, the 50 % step (offered 1,000/s), the highest whose lag p99 stayed under 1s; at 80 %, lag p99 1,800 ms (above goal < 1s); a read of the outbox took a median 6.00 ms, so its samples came every 125 ms (median)\n",
 		"- sustained postgres: skipped: no fresh",
 		"no step kept its lag p99 under 1s (and its ledger check): no sustainable throughput found; at 80 %, lag p99 200 ms (misses goal < 1s)",
 		"- (ledger) sustained redis at 80 %: boom",
