@@ -37,6 +37,8 @@ type benchFlags struct {
 	markdown    bool
 	smoke       bool
 	attemptRuns int
+	repeat      int
+	sustained   string
 	cpuProfile  string
 }
 
@@ -64,8 +66,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&f.ceilings, "ceilings", true, "measure the ceilings: a bare Echo handler, and pgbench and redis-benchmark when installed")
 	fs.StringVar(&f.json, "json", "", "write every figure as JSON to this file")
 	fs.BoolVar(&f.markdown, "markdown", false, "print the table as markdown for a README, after the command line that reproduces it")
-	fs.BoolVar(&f.smoke, "smoke", false, "a very short run: 300ms phases, memory and unsafe unless -stores, only the Echo ceiling, 2 runs of 64 attempts")
+	fs.BoolVar(&f.smoke, "smoke", false, "a very short run: 300ms phases, memory and unsafe unless -stores, only the Echo ceiling, 2 runs of 64 attempts, one sustained step at half the fresh throughput")
 	fs.IntVar(&f.attemptRuns, "attempt-runs", 9, "64-attempt lab runs per store, for their median wall time and barrier spread")
+	fs.IntVar(&f.repeat, "repeat", 1, "rounds: run every phase, ceiling and 64-attempt run this many times, one round after the other, and report medians and spreads")
+	fs.StringVar(&f.sustained, "sustained", "0.5,0.8,1.0", "rates of each keyed store's sustained phase (fresh charges with the outbox relay running, its lag sampled), as fractions of the store's fresh (1,000 accounts) throughput in the same run, comma-separated; off: none (0.5 with -smoke)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the lab, its load generator and its clients) to this file, for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -85,12 +89,19 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !given["attempt-runs"] {
 			f.attemptRuns = 2
 		}
+		if !given["sustained"] {
+			f.sustained = "0.5"
+		}
 	}
 	stores, err := parseStores(f.stores, m.Config.Variants)
 	if err != nil {
 		return err
 	}
 	replicas, err := parseCounts(f.replicas)
+	if err != nil {
+		return err
+	}
+	sustained, err := parseFractions(f.sustained)
 	if err != nil {
 		return err
 	}
@@ -101,6 +112,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("-connections must be in 1..1024 (got %d)", f.connections)
 	case f.attemptRuns < 0:
 		return fmt.Errorf("-attempt-runs must not be negative (got %d)", f.attemptRuns)
+	case f.repeat < 1 || f.repeat > 50:
+		return fmt.Errorf("-repeat must be in 1..50 (got %d)", f.repeat)
 	}
 	external := f.ceilings && !f.smoke
 	// One namespace may hold a quarter of a replica's pool, so that one
@@ -173,10 +186,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				st, err := a.Provider().Stats(ctx, provider.Filter{})
 				return int64(st.WebhooksQueued), err
 			},
+			Webhooks: func(ctx context.Context) (bench.WebhookCounts, error) {
+				st, err := a.Provider().Stats(ctx, provider.Filter{Namespace: string(pub.Namespace)})
+				return bench.WebhookCounts{Queued: int64(st.WebhooksQueued), Delivered: int64(st.WebhooksDelivered)}, err
+			},
 			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
-		AttemptRuns: f.attemptRuns, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
+		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
 		Progress: func(done, total int, label string) {
 			if bar.tty {
 				bar.show(done, total, label)
@@ -242,6 +259,28 @@ func parseCounts(raw string) ([]int, error) {
 	}
 	if len(out) == 0 {
 		return nil, fmt.Errorf("-replicas: at least one count is required (got %q)", raw)
+	}
+	return out, nil
+}
+
+// parseFractions reads -sustained: positive fractions of a throughput, in
+// the order given; "off" (or nothing) is none.
+func parseFractions(raw string) ([]float64, error) {
+	if strings.TrimSpace(raw) == "off" {
+		return nil, nil
+	}
+	var out []float64
+	for s := range strings.SplitSeq(raw, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		x, err := strconv.ParseFloat(s, 64)
+		if err != nil || !(x > 0 && x <= 4) {
+			return nil, fmt.Errorf("-sustained: %q is not a fraction in (0, 4] of the fresh throughput (or off)", s)
+		}
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
 	}
 	return out, nil
 }

@@ -56,6 +56,9 @@ type Lab struct {
 	// outbox relay: a fresh phase measures the charge path alone, as
 	// pgbench does its statements, and the relay's drain is timed after.
 	HoldDelivery func(held bool)
+	// Webhooks, when set, counts the provider's webhooks of the namespace:
+	// a sustained step counts an event settled once they are acknowledged.
+	Webhooks func(ctx context.Context) (WebhookCounts, error)
 }
 
 // Config says what to measure.
@@ -71,10 +74,19 @@ type Config struct {
 	DatabaseURL string
 	RedisURL    string
 	RedisPrefix string // keys redis-benchmark reads live under it, deleted after
-	AttemptRuns int    // 64-attempt lab runs per store
-	Command     string // the command line that reproduces the run, for the report
-	Plain       bool   // the lab runs its designs' plain paths (-plain-paths on)
-	Progress    func(done, total int, label string)
+	AttemptRuns int    // 64-attempt lab runs per store, in each round
+	// Repeat is how many rounds the bench runs: every phase, ceiling and
+	// 64-attempt run once per round, the rounds one after the other, so
+	// that a drift of the machine's speed meets every path alike; the
+	// table reports each figure's median and spread. 0 means 1.
+	Repeat int
+	// Sustained are the rates of each keyed store's sustained phase, as
+	// fractions of its fresh (Accounts accounts) throughput in the same
+	// bench, in the order run; none: no sustained phase.
+	Sustained []float64
+	Command   string // the command line that reproduces the run, for the report
+	Plain     bool   // the lab runs its designs' plain paths (-plain-paths on)
+	Progress  func(done, total int, label string)
 }
 
 // Kind is a loaded path.
@@ -104,11 +116,18 @@ type Result struct {
 	Connections int             `json:"connections"`
 	Replicas    []int           `json:"replicas"`
 	Stores      []lab.StoreName `json:"stores"`
+	Repeat      int             `json:"repeat"` // rounds: each phase and ceiling ran this many times
 	Host        Host            `json:"host"`
-	Phases      []*Phase        `json:"phases"`
+	Phases      []*Phase        `json:"phases"` // every round's
 	Skipped     []Skip          `json:"skipped,omitempty"`
-	Ceilings    []*Ceiling      `json:"ceilings"`
+	Ceilings    []*Ceiling      `json:"ceilings"` // every round's
 	Concurrent  []*Concurrent   `json:"concurrent_runs"`
+	// Paths and CeilingSummaries are the medians and spreads over the
+	// rounds: what the table shows.
+	Paths            []*PathSummary    `json:"paths"`
+	CeilingSummaries []*CeilingSummary `json:"ceiling_summaries"`
+	// Sustained are the keyed stores' sustained phases, after the rounds.
+	Sustained []*Sustained `json:"sustained,omitempty"`
 }
 
 // Host is where the bench ran.
@@ -126,16 +145,34 @@ type Skip struct {
 	Reason string        `json:"reason"`
 }
 
-// Concurrent is a store's 64-attempt lab runs.
+// Concurrent is a store's 64-attempt lab runs. A run's wall time is its
+// attempts alone, from their release to the last answer, without the
+// checks that follow.
 type Concurrent struct {
-	Store          lab.StoreName  `json:"store"`
-	Runs           int            `json:"runs"`
-	WallMS         []float64      `json:"wall_ms"`
-	SpreadMS       []float64      `json:"barrier_spread_ms"`
-	MedianWallMS   float64        `json:"median_wall_ms"`
-	MedianSpreadMS float64        `json:"median_barrier_spread_ms"`
-	Verdicts       map[string]int `json:"verdicts"`
-	Error          string         `json:"error,omitempty"`
+	Store          lab.StoreName `json:"store"`
+	Runs           int           `json:"runs"`
+	WallMS         []float64     `json:"wall_ms"`
+	SpreadMS       []float64     `json:"barrier_spread_ms"`
+	MedianWallMS   float64       `json:"median_wall_ms"`
+	MedianSpreadMS float64       `json:"median_barrier_spread_ms"`
+	Wall           Spread        `json:"wall_ms_spread"`
+	// GoalWallMS is the issue's target for the median wall time, when it
+	// sets one for the store.
+	GoalWallMS float64        `json:"goal_wall_ms,omitempty"`
+	Verdicts   map[string]int `json:"verdicts"`
+	Error      string         `json:"error,omitempty"`
+}
+
+// wallGoalMS is the issue's target for a store's median 64-attempt wall
+// time, 0 for none.
+func wallGoalMS(store lab.StoreName) float64 {
+	switch store {
+	case "memory":
+		return 10
+	case "postgres":
+		return 20
+	}
+	return 0
 }
 
 // Failures lists what failed: ledger checks, phases that could not run,
@@ -144,15 +181,26 @@ func (r *Result) Failures() []string {
 	var out []string
 	for _, p := range r.Phases {
 		if p.Error != "" {
-			out = append(out, p.Path()+": "+p.Error)
+			out = append(out, p.name(r.Repeat)+": "+p.Error)
 		}
 		if p.Check != nil && !p.Check.OK {
-			out = append(out, p.Path()+": ledger check failed: "+strings.Join(p.Check.Failures, "; "))
+			out = append(out, p.name(r.Repeat)+": ledger check failed: "+strings.Join(p.Check.Failures, "; "))
 		}
 	}
 	for _, c := range r.Concurrent {
 		if c.Error != "" {
 			out = append(out, fmt.Sprintf("%d concurrent attempts on %s: %s", Attempts, c.Store, c.Error))
+		}
+	}
+	for _, s := range r.Sustained {
+		for _, x := range s.Steps {
+			name := fmt.Sprintf("sustained %s at %s", s.Store, percent(x.Fraction))
+			if x.Error != "" {
+				out = append(out, name+": "+x.Error)
+			}
+			if x.Check != nil && !x.Check.OK {
+				out = append(out, name+": ledger check failed: "+strings.Join(x.Check.Failures, "; "))
+			}
 		}
 	}
 	return out
@@ -220,6 +268,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Progress == nil {
 		cfg.Progress = func(int, int, string) {}
 	}
+	cfg.Repeat = max(cfg.Repeat, 1)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}, Timeout: 2 * time.Minute}
 	defer client.CloseIdleConnections()
 	all, maxReplicas, err := discover(ctx, client, cfg.Lab.URL)
@@ -237,47 +286,29 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res := &Result{
 		ID: cfg.ID, Command: cfg.Command, Plain: cfg.Plain, Started: time.Now().UTC(), Duration: cfg.Duration, Connections: cfg.Connections,
-		Replicas: cfg.Replicas, Host: Host{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH},
+		Replicas: cfg.Replicas, Repeat: cfg.Repeat, Host: Host{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH},
 	}
 	b := &bencher{cfg: cfg, client: client, res: res}
-	// Store by store, each path on every replica count in turn, then the
-	// store's ceilings, so what the table sets side by side is measured
-	// close together.
-	var steps []step
 	for _, st := range stores {
 		res.Stores = append(res.Stores, st.Name)
 		if !st.Available {
 			res.Skipped = append(res.Skipped, Skip{Store: st.Name, Reason: st.HowToEnable})
-			continue
+		} else if !st.RequiresKey {
+			res.Skipped = append(res.Skipped, Skip{Store: st.Name, Kind: Replay, Reason: "it ignores the key: every request is charged again, there is nothing to replay"})
 		}
-		for _, k := range []Kind{FreshHot, FreshMany, Replay} {
-			if k == Replay && !st.RequiresKey {
-				res.Skipped = append(res.Skipped, Skip{Store: st.Name, Kind: Replay, Reason: "it ignores the key: every request is charged again, there is nothing to replay"})
-				continue
-			}
-			for _, n := range cfg.Replicas {
-				p := &Phase{Store: st.Name, Kind: k, Replicas: n, Run: fmt.Sprintf("bench-%s-%d", cfg.ID, len(steps)+1), keyed: st.RequiresKey}
-				steps = append(steps, step{label: p.Path(), run: func(ctx context.Context) error {
-					res.Phases = append(res.Phases, p)
-					return b.phase(ctx, p)
-				}})
-			}
-		}
-		steps = append(steps, b.ceilingSteps(st.Name)...)
 	}
-	if cfg.Echo && !slices.ContainsFunc(stores, func(s storeInfo) bool { return s.Name == "memory" && s.Available }) {
-		steps = append(steps, b.echoStep()...) // the HTTP ceiling, with no memory replay beside it
+	var steps []step
+	concurrent := map[lab.StoreName]*Concurrent{}
+	for round := 1; round <= cfg.Repeat; round++ {
+		steps = append(steps, b.round(round, stores, len(steps), concurrent)...)
+	}
+	sustained := 0
+	next := func() string {
+		sustained++
+		return fmt.Sprintf("bench-%s-sustained-%d", cfg.ID, sustained)
 	}
 	for _, st := range stores {
-		if st.Available && cfg.AttemptRuns > 0 {
-			steps = append(steps, step{label: fmt.Sprintf("%d concurrent attempts on %s", Attempts, st.Name), run: func(ctx context.Context) error {
-				if _, _, err := b.settle(ctx); err != nil {
-					return err
-				}
-				res.Concurrent = append(res.Concurrent, b.concurrent(ctx, st))
-				return nil
-			}})
-		}
+		steps = append(steps, b.sustainedSteps(st, next)...)
 	}
 	began := time.Now()
 	for i, s := range steps {
@@ -291,8 +322,66 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	cfg.Progress(len(steps), len(steps), "done")
 	res.Elapsed = time.Since(began)
-	pair(res)
+	conclude(res)
 	return res, nil
+}
+
+// round lists one round's steps: store by store, each path on every
+// replica count in turn, then the store's ceilings, so what the table sets
+// side by side is measured close together; then the 64-attempt runs. Each
+// round's phases are numbered on from before, so every run is the bench's
+// own.
+func (b *bencher) round(round int, stores []storeInfo, before int, concurrent map[lab.StoreName]*Concurrent) []step {
+	cfg, res := b.cfg, b.res
+	var steps []step
+	for _, st := range stores {
+		if !st.Available {
+			continue
+		}
+		for _, k := range []Kind{FreshHot, FreshMany, Replay} {
+			if k == Replay && !st.RequiresKey {
+				continue
+			}
+			for _, n := range cfg.Replicas {
+				p := &Phase{Store: st.Name, Kind: k, Replicas: n, Round: round, Run: fmt.Sprintf("bench-%s-%d", cfg.ID, before+len(steps)+1), keyed: st.RequiresKey}
+				steps = append(steps, step{label: p.name(cfg.Repeat), run: func(ctx context.Context) error {
+					res.Phases = append(res.Phases, p)
+					return b.phase(ctx, p)
+				}})
+			}
+		}
+		steps = append(steps, b.ceilingSteps(st.Name, round)...)
+	}
+	if cfg.Echo && !slices.ContainsFunc(stores, func(s storeInfo) bool { return s.Name == "memory" && s.Available }) {
+		steps = append(steps, b.echoStep(round)...) // the HTTP ceiling, with no memory replay beside it
+	}
+	for _, st := range stores {
+		if !st.Available || cfg.AttemptRuns <= 0 {
+			continue
+		}
+		steps = append(steps, step{label: fmt.Sprintf("%d concurrent attempts on %s", Attempts, st.Name) + roundSuffix(round, cfg.Repeat), run: func(ctx context.Context) error {
+			if _, _, err := b.settle(ctx); err != nil {
+				return err
+			}
+			c := concurrent[st.Name]
+			if c == nil {
+				c = &Concurrent{Store: st.Name, Verdicts: map[string]int{}}
+				concurrent[st.Name] = c
+				res.Concurrent = append(res.Concurrent, c)
+			}
+			b.concurrent(ctx, st, c)
+			return nil
+		}})
+	}
+	return steps
+}
+
+// roundSuffix names the round in a label when there are several.
+func roundSuffix(round, rounds int) string {
+	if rounds <= 1 {
+		return ""
+	}
+	return fmt.Sprintf(" (round %d of %d)", round, rounds)
 }
 
 // pick keeps the stores asked for (every registered one when none is), in

@@ -101,7 +101,7 @@ func TestTable(t *testing.T) {
 			{ID: PgFreshHot, Name: "pgbench fresh (hot account)", PerSec: 1000, Status: Measured},
 		},
 	}
-	pair(res)
+	conclude(res)
 	var b strings.Builder
 	if err := res.WriteTable(&b, true); err != nil {
 		t.Fatal(err)

@@ -38,6 +38,7 @@ type Ceiling struct {
 	ID        string  `json:"id"`
 	Name      string  `json:"name"`
 	Tool      string  `json:"tool"`
+	Round     int     `json:"round"`
 	PerSec    float64 `json:"per_s,omitempty"`
 	LatencyMS float64 `json:"latency_avg_ms,omitempty"`
 	P50MS     float64 `json:"p50_ms,omitempty"`
@@ -83,13 +84,16 @@ func pgbenchScripts() []pgbenchScript {
 // right after them so both meet the machine in the same state: the bare
 // Echo handler after memory, pgbench after postgres, redis-benchmark
 // after redis.
-func (b *bencher) ceilingSteps(store lab.StoreName) []step {
+func (b *bencher) ceilingSteps(store lab.StoreName, round int) []step {
 	measure := func(label string, f func(ctx context.Context) ([]*Ceiling, error)) []step {
-		return []step{{label: "ceiling: " + label, run: func(ctx context.Context) error {
+		return []step{{label: "ceiling: " + label + roundSuffix(round, b.cfg.Repeat), run: func(ctx context.Context) error {
 			if _, _, err := b.settle(ctx); err != nil {
 				return err
 			}
 			cs, err := f(ctx)
+			for _, c := range cs {
+				c.Round = round
+			}
 			b.res.Ceilings = append(b.res.Ceilings, cs...)
 			if err == nil {
 				err = ctx.Err()
@@ -100,7 +104,7 @@ func (b *bencher) ceilingSteps(store lab.StoreName) []step {
 	switch store {
 	case "memory":
 		if b.cfg.Echo {
-			return b.echoStep()
+			return b.echoStep(round)
 		}
 	case "postgres":
 		return measure("pgbench", func(ctx context.Context) ([]*Ceiling, error) { return b.pgbench(ctx), nil })
@@ -111,12 +115,13 @@ func (b *bencher) ceilingSteps(store lab.StoreName) []step {
 }
 
 // echoStep measures the bare Echo handler.
-func (b *bencher) echoStep() []step {
-	return []step{{label: "ceiling: bare Echo handler", run: func(ctx context.Context) error {
+func (b *bencher) echoStep(round int) []step {
+	return []step{{label: "ceiling: bare Echo handler" + roundSuffix(round, b.cfg.Repeat), run: func(ctx context.Context) error {
 		if _, _, err := b.settle(ctx); err != nil {
 			return err
 		}
 		c, err := b.echoCeiling(ctx)
+		c.Round = round
 		b.res.Ceilings = append(b.res.Ceilings, c)
 		return err
 	}}}
@@ -169,7 +174,7 @@ func (b *bencher) echoCeiling(ctx context.Context) (*Ceiling, error) {
 		return nil
 	}
 	var s Stats
-	if err := b.attack(ctx, tr, "echo", &s, nil); err != nil {
+	if err := b.attack(ctx, tr, "echo", vegeta.Rate{}, b.cfg.Duration, &s, nil); err != nil {
 		return c, err
 	}
 	c.Stats, c.PerSec, c.P50MS, c.P99MS, c.LatencyMS, c.Status = &s, s.Throughput, s.Latency.P50, s.Latency.P99, s.Latency.Mean, Measured

@@ -12,10 +12,10 @@ import (
 )
 
 // concurrent fires the lab's own 64-attempt run (one key, 64 concurrent
-// retries released by a barrier) AttemptRuns times on a store, and keeps
-// each run's wall time and barrier spread.
-func (b *bencher) concurrent(ctx context.Context, st storeInfo) *Concurrent {
-	c := &Concurrent{Store: st.Name, Verdicts: map[string]int{}}
+// retries released by a barrier) AttemptRuns times on a store, and adds
+// each run's wall time and barrier spread to c, whose medians then count
+// every round's runs.
+func (b *bencher) concurrent(ctx context.Context, st storeInfo, c *Concurrent) {
 	u := b.cfg.Lab.URL + "/charge-idempotent?store=" + url.QueryEscape(string(st.Name)) + "&attempts=" + strconv.Itoa(Attempts) + "&key=fresh"
 	if !st.RequiresKey {
 		u = b.cfg.Lab.URL + "/charge-unsafe?attempts=" + strconv.Itoa(Attempts) + "&key=fresh"
@@ -31,8 +31,13 @@ func (b *bencher) concurrent(ctx context.Context, st storeInfo) *Concurrent {
 		c.SpreadMS = append(c.SpreadMS, rep.BarrierSpreadMS)
 		c.Verdicts[rep.Verdict]++
 	}
+	c.summarise()
+}
+
+// summarise sets the medians of the runs so far, and the store's goal.
+func (c *Concurrent) summarise() {
 	c.MedianWallMS, c.MedianSpreadMS = median(c.WallMS), median(c.SpreadMS)
-	return c
+	c.Wall, c.GoalWallMS = spreadOf(c.WallMS), wallGoalMS(c.Store)
 }
 
 // runReport is what the bench reads of a lab run's report.

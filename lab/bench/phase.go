@@ -26,7 +26,8 @@ type Phase struct {
 	Store    lab.StoreName `json:"store"`
 	Kind     Kind          `json:"kind"`
 	Replicas int           `json:"replicas"`
-	Run      string        `json:"run"` // the Lab-Run its charges carry in the ledger
+	Round    int           `json:"round"` // 1 for the bench's first round
+	Run      string        `json:"run"`   // the Lab-Run its charges carry in the ledger
 	Targets  []string      `json:"targets"`
 	Stats
 	// Replay only: the answers that were (not) replays, and the replays
@@ -112,6 +113,9 @@ func (p *Phase) Path() string {
 	return fmt.Sprintf("%s %s, %s", p.Store, what, plural(p.Replicas, "replica"))
 }
 
+// name is the path, with the phase's round when the bench has several.
+func (p *Phase) name(rounds int) string { return p.Path() + roundSuffix(p.Round, rounds) }
+
 func plural(n int, what string) string {
 	if n == 1 {
 		return "1 " + what
@@ -165,52 +169,14 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 		return fmt.Errorf("bench: error opening run %s: %w", p.Run, err)
 	}
 	base := request{store: p.Store, token: b.cfg.Lab.Token, run: p.Run}
-	prefix := p.Run + "-"
-	var n atomic.Uint64
-	var tr vegeta.Targeter
-	var observe func(*vegeta.Result)
-	switch p.Kind {
-	case FreshHot, FreshMany:
-		tr = func(t *vegeta.Target) error {
-			i := n.Add(1)
-			r := base
-			r.key = prefix + strconv.FormatUint(i, 10)
-			r.account = "acct-1"
-			if p.Kind == FreshMany {
-				r.account = "acct-" + strconv.Itoa(1+rand.IntN(Accounts))
-			}
-			t.Method, t.URL, t.Body, t.Header = http.MethodPost, chargeURL(targets[i%uint64(len(targets))], p.Store), chargeBody(r.account), r.header()
-			return nil
-		}
-		answered := map[string]string{} // key -> charge id, of the 201s
-		count201, unread := 0, 0
-		var example []byte
-		observe = func(r *vegeta.Result) {
-			if r.Code != http.StatusCreated {
-				return
-			}
-			count201++
-			key, _, err := wire.ParseKeyHeader(r.Headers.Values(lab.KeyHeader))
-			var c struct {
-				ID string `json:"id"`
-			}
-			if err == nil {
-				err = json.Unmarshal(r.Body, &c)
-			}
-			if err != nil || key == "" || c.ID == "" {
-				if unread++; example == nil {
-					example = r.Body
-				}
-				return
-			}
-			answered[key] = c.ID
-		}
+	if p.Kind == FreshHot || p.Kind == FreshMany {
+		load := newFreshLoad(base, targets, p.Kind)
 		hold := b.cfg.Lab.HoldDelivery
 		if hold != nil {
 			hold(true)
 			defer hold(false)
 		}
-		if err := b.attack(ctx, tr, p.Run, &p.Stats, observe); err != nil {
+		if err := b.attack(ctx, load.target, p.Run, vegeta.Rate{}, b.cfg.Duration, &p.Stats, load.observe); err != nil {
 			return err
 		}
 		if hold != nil {
@@ -222,11 +188,7 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 		if err != nil {
 			return err
 		}
-		var bad []string
-		if unread > 0 {
-			bad = append(bad, fmt.Sprintf("%d answers 201 named no key or no charge id (such as %q)", unread, example))
-		}
-		p.Check = b.checkFresh(ctx, p, count201, answered, bad)
+		p.Check = b.checkFresh(ctx, p, load.count201, load.answered, load.unreadable())
 		if p.keyed && p.Check.Charges > 0 { // unsafe's effects bypass the outbox
 			ms := float64(drained.Microseconds()) / 1000
 			p.Delivery = &Delivery{Held: hold != nil, Events: p.Check.Charges, DrainMS: ms, PerSec: float64(p.Check.Charges) / max(ms/1000, 1e-3)}
@@ -257,12 +219,13 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 	if p.Store == "memory" && p.Replicas == 1 {
 		b.replayBody = primed[chargeURL(targets[0], p.Store)]
 	}
-	tr = func(t *vegeta.Target) error {
+	var n atomic.Uint64
+	tr := func(t *vegeta.Target) error {
 		i := n.Add(1)
 		t.Method, t.URL, t.Body, t.Header = http.MethodPost, chargeURL(targets[i%uint64(len(targets))], p.Store), chargeBody(r.account), r.header()
 		return nil
 	}
-	observe = func(res *vegeta.Result) {
+	observe := func(res *vegeta.Result) {
 		if res.Code < 200 || res.Code > 299 {
 			return
 		}
@@ -275,11 +238,72 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 			p.BodyMismatch++
 		}
 	}
-	if err := b.attack(ctx, tr, p.Run, &p.Stats, observe); err != nil {
+	if err := b.attack(ctx, tr, p.Run, vegeta.Rate{}, b.cfg.Duration, &p.Stats, observe); err != nil {
 		return err
 	}
 	p.Check = b.checkReplay(ctx, p)
 	return nil
+}
+
+// freshLoad sends a new key with every request, round-robin over the
+// targets, and keeps what the 201 answers named.
+type freshLoad struct {
+	base     request
+	targets  []string
+	kind     Kind
+	n        atomic.Uint64
+	answered map[string]string // key -> charge id, of the 201s
+	count201 int
+	unread   int    // 201s naming no key or no charge id
+	example  []byte // the first of them
+}
+
+func newFreshLoad(base request, targets []string, kind Kind) *freshLoad {
+	return &freshLoad{base: base, targets: targets, kind: kind, answered: map[string]string{}}
+}
+
+// target is the load's vegeta.Targeter.
+func (l *freshLoad) target(t *vegeta.Target) error {
+	i := l.n.Add(1)
+	r := l.base
+	r.key = l.base.run + "-" + strconv.FormatUint(i, 10)
+	r.account = "acct-1"
+	if l.kind == FreshMany {
+		r.account = "acct-" + strconv.Itoa(1+rand.IntN(Accounts))
+	}
+	t.Method, t.URL, t.Body, t.Header = http.MethodPost, chargeURL(l.targets[i%uint64(len(l.targets))], r.store), chargeBody(r.account), r.header()
+	return nil
+}
+
+// observe reads one answer (vegeta's results come one at a time).
+func (l *freshLoad) observe(r *vegeta.Result) {
+	if r.Code != http.StatusCreated {
+		return
+	}
+	l.count201++
+	key, _, err := wire.ParseKeyHeader(r.Headers.Values(lab.KeyHeader))
+	var c struct {
+		ID string `json:"id"`
+	}
+	if err == nil {
+		err = json.Unmarshal(r.Body, &c)
+	}
+	if err != nil || key == "" || c.ID == "" {
+		if l.unread++; l.example == nil {
+			l.example = r.Body
+		}
+		return
+	}
+	l.answered[key] = c.ID
+}
+
+// unreadable is the failure the ledger check reports for 201s it could
+// not match to a charge.
+func (l *freshLoad) unreadable() []string {
+	if l.unread == 0 {
+		return nil
+	}
+	return []string{fmt.Sprintf("%d answers 201 named no key or no charge id (such as %q)", l.unread, l.example)}
 }
 
 // maxSettle bounds the wait for the outbox to drain, unless the phases are
@@ -336,9 +360,12 @@ func (b *bencher) post(ctx context.Context, u string, h http.Header, body []byte
 	return resp.StatusCode, resp.Header.Get("Idempotent-Replayed") == "true", answer, nil
 }
 
-// attack runs one vegeta attack at a fixed concurrency for the phase
-// duration and summarises it; observe sees every result as it arrives.
-func (b *bencher) attack(ctx context.Context, tr vegeta.Targeter, name string, s *Stats, observe func(*vegeta.Result)) error {
+// attack runs one vegeta attack on at most Connections connections for d
+// and summarises it; observe sees every result as it arrives. A zero rate
+// sends as fast as answers come back; a rate paces the requests, and when
+// every connection waits on an answer the pacer waits too, so the rate
+// sent can fall short of the one asked.
+func (b *bencher) attack(ctx context.Context, tr vegeta.Targeter, name string, rate vegeta.Rate, d time.Duration, s *Stats, observe func(*vegeta.Result)) error {
 	c := b.cfg.Connections
 	// A transport of our own, so its idle connections can be closed after.
 	transport := &http.Transport{
@@ -353,8 +380,7 @@ func (b *bencher) attack(ctx context.Context, tr vegeta.Targeter, name string, s
 	stop := context.AfterFunc(ctx, func() { atk.Stop() })
 	defer stop()
 	var m vegeta.Metrics
-	// Freq 0: no pacing; the c workers send as fast as answers come back.
-	for r := range atk.Attack(tr, vegeta.Rate{Freq: 0}, b.cfg.Duration, name) {
+	for r := range atk.Attack(tr, rate, d, name) {
 		m.Add(r)
 		if observe != nil {
 			observe(r)

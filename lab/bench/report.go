@@ -21,41 +21,92 @@ type Pairing struct {
 	Goal float64 `json:"goal,omitempty"`
 	// Status says why there is no figure.
 	Status string `json:"status,omitempty"`
+	// A serial bound's parts: the HTTP ceiling and the store's, whose
+	// bound PerSec is (see serialBound).
+	HTTPPerSec  float64 `json:"http_per_s,omitempty"`
+	StorePerSec float64 `json:"store_per_s,omitempty"`
+	// Over the rounds (a path's pairings): the spreads of the figure
+	// beside the path and of the ratio.
+	Rates  *Spread `json:"per_s_spread,omitempty"`
+	Ratios *Spread `json:"ratio_spread,omitempty"`
 }
 
-// redisReplayGoal is the issue's target: a redis replay at least 0.6 times
-// as fast as a memory replay.
-const redisReplayGoal = 0.6
+// The issue's targets: the least ratio each pair should reach.
+const (
+	redisReplayGoal      = 0.6  // redis replay over memory replay
+	memoryReplayGoal     = 0.9  // memory replay over the bare Echo handler
+	pgReplayBoundGoal    = 0.8  // postgres replay over its serial bound
+	pgFreshBoundGoal     = 0.85 // postgres fresh (1,000 accounts) over its serial bound
+	redisReplayBoundGoal = 0.85 // redis replay over its serial bound
+)
+
+// serialBound is the most a path can answer per second when each request
+// passes through two parts one after the other, each at its own ceiling:
+// a request costs the sum of their times, 1/http + 1/store. 0 when either
+// is unknown.
+func serialBound(http, store float64) float64 {
+	if http <= 0 || store <= 0 {
+		return 0
+	}
+	return 1 / (1/http + 1/store)
+}
 
 // pair sets each phase beside what bounds it: the postgres paths beside
 // pgbench on the same statements (replays also beside a bare primary-key
 // read), redis replays beside memory replays and redis-benchmark, memory
 // replays beside a bare Echo handler, and every path on several replicas
-// beside the same path on one.
+// beside the same path on one. The postgres paths and the redis replay
+// are also set beside their serial bound: the bare Echo handler and their
+// store's ceiling one after the other. A phase meets only what its own
+// round measured.
 func pair(res *Result) {
-	ceilings := map[string]*Ceiling{}
-	for _, c := range res.Ceilings {
-		ceilings[c.ID] = c
+	type roundID struct {
+		round int
+		id    string
 	}
-	find := func(store lab.StoreName, k Kind, replicas int) *Phase {
-		for _, q := range res.Phases {
-			if q.Store == store && q.Kind == k && q.Replicas == replicas {
-				return q
-			}
-		}
-		return nil
+	byRound := map[roundID]*Ceiling{}
+	for _, c := range res.Ceilings {
+		byRound[roundID{c.Round, c.ID}] = c
 	}
 	for _, p := range res.Phases {
+		find := func(store lab.StoreName, k Kind, replicas int) *Phase {
+			for _, q := range res.Phases {
+				if q.Store == store && q.Kind == k && q.Replicas == replicas && q.Round == p.Round {
+					return q
+				}
+			}
+			return nil
+		}
+		ceilings := func(id string) *Ceiling { return byRound[roundID{p.Round, id}] }
 		var ps []Pairing
-		add := func(id string) {
-			c := ceilings[id]
+		add := func(id string, goal float64) {
+			c := ceilings(id)
 			switch {
 			case c == nil:
 			case c.Status != Measured:
-				ps = append(ps, Pairing{Name: c.Name, Status: c.Status})
+				ps = append(ps, Pairing{Name: c.Name, Goal: goal, Status: c.Status})
 			default:
-				ps = append(ps, Pairing{Name: c.Name, PerSec: c.PerSec, Ratio: ratio(p.Throughput, c.PerSec)})
+				ps = append(ps, Pairing{Name: c.Name, PerSec: c.PerSec, Ratio: ratio(p.Throughput, c.PerSec), Goal: goal})
 			}
+		}
+		// bound sets the phase beside the serial bound of the HTTP ceiling
+		// and the store ceiling id, when the store's was measured (its own
+		// row says why not).
+		bound := func(id string, goal float64) {
+			h, s := ceilings(EchoBare), ceilings(id)
+			if h == nil || s == nil || s.Status != Measured {
+				return
+			}
+			q := Pairing{Name: "serial bound: " + h.Name + " + " + s.Name, Goal: goal}
+			switch {
+			case h.Status != Measured:
+				q.Status = h.Name + ": " + h.Status
+			default:
+				q.HTTPPerSec, q.StorePerSec = h.PerSec, s.PerSec
+				q.PerSec = serialBound(h.PerSec, s.PerSec)
+				q.Ratio = ratio(p.Throughput, q.PerSec)
+			}
+			ps = append(ps, q)
 		}
 		beside := func(q *Phase, name string, goal float64) {
 			switch {
@@ -72,18 +123,22 @@ func pair(res *Result) {
 			one := Phase{Store: p.Store, Kind: p.Kind, Replicas: 1}
 			beside(find(p.Store, p.Kind, 1), one.Path(), 0)
 		case p.Store == "postgres" && p.Kind == FreshHot:
-			add(PgFreshHot)
+			add(PgFreshHot, 0)
+			bound(PgFreshHot, 0)
 		case p.Store == "postgres" && p.Kind == FreshMany:
-			add(PgFreshMany)
+			add(PgFreshMany, 0)
+			bound(PgFreshMany, pgFreshBoundGoal)
 		case p.Store == "postgres" && p.Kind == Replay:
-			add(PgSelect)
-			add(PgReplay)
+			add(PgSelect, 0)
+			add(PgReplay, 0)
+			bound(PgReplay, pgReplayBoundGoal) // the store's own statement
 		case p.Store == "redis" && p.Kind == Replay:
 			beside(find("memory", Replay, 1), "memory replay, 1 replica", redisReplayGoal)
-			add(RedisSetNX)
-			add(RedisGet)
+			add(RedisSetNX, 0)
+			add(RedisGet, 0)
+			bound(RedisSetNX, redisReplayBoundGoal) // the store's own command
 		case p.Store == "memory" && p.Kind == Replay:
-			add(EchoBare)
+			add(EchoBare, memoryReplayGoal)
 		}
 		p.Ceilings = ps
 	}
@@ -141,56 +196,83 @@ func (p Pairing) ratioText() string {
 		return "—"
 	}
 	s := strconv.FormatFloat(p.Ratio, 'f', 2, 64) + "×"
+	if p.Ratios != nil && p.Ratios.N > 1 {
+		s += " (" + strconv.FormatFloat(p.Ratios.Min, 'f', 2, 64) + "–" + strconv.FormatFloat(p.Ratios.Max, 'f', 2, 64) + ")"
+	}
 	if p.Goal > 0 {
 		verdict := "meets"
 		if p.Ratio < p.Goal {
-			verdict = "misses"
+			verdict = "below"
 		}
 		s += fmt.Sprintf(" (%s goal ≥ %s×)", verdict, strconv.FormatFloat(p.Goal, 'f', -1, 64))
 	}
 	return s
 }
 
-// marks flags a phase in the table: (!) some answers were not 2xx or it
-// could not run; (ledger) its ledger check failed.
-func (p *Phase) marks() string {
+// marks flags a path in the table: (!) some answers were not 2xx or a
+// phase could not run; (ledger) a ledger check failed.
+func (s *PathSummary) marks() string {
+	var bad, ledger bool
+	for _, p := range s.phases {
+		bad = bad || p.Error != "" || p.Non2xx > 0
+		ledger = ledger || p.Check != nil && !p.Check.OK
+	}
 	var m []string
-	if p.Error != "" || p.Non2xx > 0 {
+	if bad {
 		m = append(m, "(!)")
 	}
-	if p.Check != nil && !p.Check.OK {
+	if ledger {
 		m = append(m, "(ledger)")
 	}
 	return strings.Join(m, " ")
 }
 
-// rows lays the result out as the table's cells.
+// rows lays the result out as the table's cells: one path a row (and a
+// row more per extra ceiling), its medians over the rounds, and with
+// several rounds the throughput's range.
 func (r *Result) rows() [][]string {
-	out := [][]string{{"path", "throughput /s", "p50", "p99", "ceiling", "ceiling /s", "ratio"}}
-	for _, p := range r.ordered() {
-		path := p.Path()
-		if m := p.marks(); m != "" {
+	rounds := r.Repeat > 1
+	head := []string{"path", "throughput /s", "p50", "p99", "ceiling", "ceiling /s", "ratio"}
+	if rounds {
+		head = slices.Insert(head, 2, "range /s")
+	}
+	out := [][]string{head}
+	for _, s := range r.Paths {
+		path := s.Path()
+		if m := s.marks(); m != "" {
 			path += " " + m
 		}
-		first := []string{path, perSec(p.Throughput), millis(p.Latency.P50), millis(p.Latency.P99), "—", "", ""}
-		if p.Error != "" {
+		first := []string{path, perSec(s.Throughput.Median), millis(s.P50.Median), millis(s.P99.Median)}
+		if s.Rounds == 0 {
 			first[1], first[2], first[3] = "could not run", "", ""
 		}
-		for i, c := range p.Ceilings {
-			cells := []string{"", "", "", "", c.Name, perSec(c.PerSec), c.ratioText()}
+		if rounds {
+			first = slices.Insert(first, 2, spreadText(s.Throughput))
+		}
+		blank := make([]string, len(first))
+		for i, c := range s.Ceilings {
+			cells := append(slices.Clone(blank), c.Name, perSec(c.PerSec), c.ratioText())
 			if c.Status != "" {
-				cells[5] = c.Status
+				cells[len(cells)-2] = c.Status
 			}
 			if i == 0 {
-				copy(cells[:4], first[:4])
+				copy(cells, first)
 			}
 			out = append(out, cells)
 		}
-		if len(p.Ceilings) == 0 {
-			out = append(out, first)
+		if len(s.Ceilings) == 0 {
+			out = append(out, append(first, "—", "", ""))
 		}
 	}
 	return out
+}
+
+// spreadText is a spread's range, as the table shows it.
+func spreadText(s Spread) string {
+	if s.N < 2 {
+		return "—"
+	}
+	return perSec(s.Min) + "–" + perSec(s.Max)
 }
 
 // ordered lists the phases store by store (in the lab's order), each
@@ -221,17 +303,44 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 	}
 	fmt.Fprintf(&b, "Phases of %s at %d connections (vegeta, unpaced), each once the outbox had drained; %d CPUs (GOMAXPROCS %d), %s, %s; elapsed %s.\n\n",
 		r.Duration, r.Connections, r.Host.CPUs, r.Host.GOMAXPROCS, r.Host.Go, r.Host.OS, r.Elapsed.Round(100_000_000))
+	if r.Repeat > 1 {
+		fmt.Fprintf(&b, "%d rounds, one after the other (every path, ceiling and 64-attempt run once a round): each figure is the median of the rounds, the range its least and greatest, a ratio the median of the rounds' own ratios (its range in brackets).\n\n", r.Repeat)
+	}
 	if r.Plain {
 		b.WriteString("Plain paths: every design ran without the optimisations it keeps in files of their own (-plain-paths on).\n\n")
 	}
-	rows := r.rows()
+	right := []bool{false, true, true, true, false, true, false}
+	if r.Repeat > 1 {
+		right = slices.Insert(right, 2, true)
+	}
+	grid(&b, r.rows(), right)
+	if rows := r.sustainedRows(); len(rows) > 1 {
+		fmt.Fprintf(&b, "Sustained: fresh charges on %s accounts at fixed rates (vegeta's pacer) for %s each, the outbox relay running; the outbox sampled every %s.\n\n", thousands(Accounts), r.Duration, lagEvery)
+		grid(&b, rows, []bool{false, true, true, true, true, true, true, true, true, true})
+	}
+	bullet := ""
+	if markdown {
+		bullet = "- "
+	}
+	for _, n := range r.notes() {
+		b.WriteString(bullet + n + "\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	if err != nil {
+		return fmt.Errorf("error writing the bench table: %w", err)
+	}
+	return nil
+}
+
+// grid writes rows as an aligned markdown table, then a blank line; right
+// says which columns align right.
+func grid(b *strings.Builder, rows [][]string, right []bool) {
 	widths := make([]int, len(rows[0]))
 	for _, row := range rows {
 		for i, c := range row {
 			widths[i] = max(widths[i], utf8.RuneCountInString(c), 3)
 		}
 	}
-	right := []bool{false, true, true, true, false, true, false}
 	line := func(cells []string) {
 		b.WriteString("|")
 		for i, c := range cells {
@@ -258,18 +367,120 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 		line(row)
 	}
 	b.WriteString("\n")
-	bullet := ""
-	if markdown {
-		bullet = "- "
+}
+
+// sustainedRows lays the sustained phases out as a table's cells: a step
+// a row.
+func (r *Result) sustainedRows() [][]string {
+	out := [][]string{{"sustained", "offered /s", "charges /s", "delivered /s", "settled /s", "lag p50", "lag p99", "lag max", "backlog", "drain"}}
+	for _, s := range r.Sustained {
+		for _, x := range s.Steps {
+			name := fmt.Sprintf("%s at %s of %s/s", s.Store, percent(x.Fraction), perSec(s.BasePerSec))
+			var m []string
+			if x.Error != "" || x.Non2xx > 0 {
+				m = append(m, "(!)")
+			}
+			if x.Check != nil && !x.Check.OK {
+				m = append(m, "(ledger)")
+			}
+			if len(m) > 0 {
+				name += " " + strings.Join(m, " ")
+			}
+			out = append(out, []string{name, perSec(x.OfferedPerSec), perSec(x.Throughput), perSec(x.DeliveredPerSec), perSec(x.SettledPerSec),
+				lagText(x.Lag.P50, x.Lag.Samples), lagText(x.Lag.P99, x.Lag.Samples), lagText(x.Lag.Max, x.Lag.Samples), thousands(x.BacklogAtEnd), millis(x.DrainMS)})
+		}
 	}
-	for _, n := range r.notes() {
-		b.WriteString(bullet + n + "\n")
+	return out
+}
+
+// sampling is how long the steps' outbox reads took and how far apart
+// their samples came, medians over every step: a slow read spaces the
+// samples out, and loads the books while the charges run.
+func sampling(steps []*SustainedStep) (readMS, gapMS float64) {
+	var reads, gaps []float64
+	for _, x := range steps {
+		for i, smp := range x.Samples {
+			reads = append(reads, smp.OutboxMS)
+			if i > 0 {
+				gaps = append(gaps, smp.AtMS-x.Samples[i-1].AtMS)
+			}
+		}
 	}
-	_, err := io.WriteString(w, b.String())
-	if err != nil {
-		return fmt.Errorf("error writing the bench table: %w", err)
+	return median(reads), median(gaps)
+}
+
+// lagText writes a sampled lag: "0 ms" is a lag, "—" no sample.
+func lagText(ms float64, samples int) string {
+	switch {
+	case samples == 0:
+		return "—"
+	case ms <= 0:
+		return "0 ms"
 	}
-	return nil
+	return millis(ms)
+}
+
+// sustainedNotes say what each store sustained, and how its steps held
+// to the ledger.
+func (r *Result) sustainedNotes() []string {
+	var out []string
+	checked, held := 0, 0
+	for _, s := range r.Sustained {
+		if s.Error != "" {
+			out = append(out, fmt.Sprintf("sustained %s: skipped: %s", s.Store, s.Error))
+			continue
+		}
+		line := fmt.Sprintf("sustained %s (fresh %s/s on %s): ", s.Store, perSec(s.BasePerSec), plural(s.Replicas, "replica"))
+		if s.SustainablePerSec > 0 {
+			line += fmt.Sprintf("sustainable throughput %s/s, the %s step (offered %s/s), the highest whose lag p99 stayed under %s", perSec(s.SustainablePerSec), percent(s.SustainableFraction), perSec(s.SustainableOffered), MaxLag)
+		} else {
+			line += fmt.Sprintf("no step kept its lag p99 under %s (and its ledger check): no sustainable throughput found", MaxLag)
+		}
+		for _, x := range s.Steps {
+			if x.Fraction == sustainedGoalFraction {
+				verdict := "meets"
+				switch {
+				case x.held():
+				case x.Lag.Samples > 0 && x.Lag.P99 >= float64(MaxLag.Milliseconds()):
+					verdict = "above"
+				default:
+					verdict = "misses" // its ledger check failed, or it could not sample
+				}
+				line += fmt.Sprintf("; at %s, lag p99 %s (%s goal < %s)", percent(x.Fraction), lagText(x.Lag.P99, x.Lag.Samples), verdict, MaxLag)
+			}
+		}
+		if reads, gaps := sampling(s.Steps); reads > 0 {
+			line += fmt.Sprintf("; a read of the outbox took a median %s, so its samples came every %s (median)", millis(reads), millis(gaps))
+		}
+		out = append(out, line)
+		for _, x := range s.Steps {
+			if x.Check == nil {
+				continue
+			}
+			checked++
+			if x.Check.OK {
+				held++
+				continue
+			}
+			out = append(out, fmt.Sprintf("(ledger) sustained %s at %s: %s", s.Store, percent(x.Fraction), strings.Join(x.Check.Failures, "; ")))
+		}
+		for _, x := range s.Steps {
+			if x.Error != "" {
+				out = append(out, fmt.Sprintf("(!) sustained %s at %s: %s", s.Store, percent(x.Fraction), x.Error))
+			}
+		}
+	}
+	switch {
+	case checked == 0:
+	case held == checked:
+		out = append(out, fmt.Sprintf("ledger (sustained): %d of %d steps hold: each key answered 201 has exactly one charge, the run's charges are exactly those answered, each with one outbox event, delivered once drained.", held, checked))
+	default:
+		out = append(out, fmt.Sprintf("ledger (sustained): %d of %d steps FAILED their check.", checked-held, checked))
+	}
+	if checked > 0 {
+		out = append(out, "sustained: lag is the oldest pending event's age as sampled while the load ran; delivered the events the relay delivered per second meanwhile, settled those whose capture's webhooks the lab had acknowledged (webhooks acknowledged over webhooks per event); backlog the events pending when the load stopped, drain how long they then took. The pacer uses the phase's connections: when all wait, the rate sent falls short of the rate offered.")
+	}
+	return out
 }
 
 // notes are the lines under the table.
@@ -278,13 +489,15 @@ func (r *Result) notes() []string {
 	for _, p := range r.ordered() {
 		switch {
 		case p.Error != "":
-			out = append(out, fmt.Sprintf("(!) %s could not run: %s", p.Path(), p.Error))
+			out = append(out, fmt.Sprintf("(!) %s could not run: %s", p.name(r.Repeat), p.Error))
 		case p.Non2xx > 0:
-			out = append(out, fmt.Sprintf("(!) %s: %s of %s answers were not 2xx (%s)", p.Path(), thousands(p.Non2xx), thousands(int(p.Requests)), codes(p.StatusCodes, p.Errors)))
+			out = append(out, fmt.Sprintf("(!) %s: %s of %s answers were not 2xx (%s)", p.name(r.Repeat), thousands(p.Non2xx), thousands(int(p.Requests)), codes(p.StatusCodes, p.Errors)))
 		}
 	}
+	primed := map[string]bool{}
 	for _, p := range r.ordered() {
-		if p.Primed > 1 {
+		if p.Primed > 1 && !primed[p.Path()] {
+			primed[p.Path()] = true
 			out = append(out, fmt.Sprintf("%s: priming the key charged it %d times, once per replica: each keeps its own keys", p.Path(), p.Primed))
 		}
 	}
@@ -298,7 +511,7 @@ func (r *Result) notes() []string {
 			held++
 			continue
 		}
-		out = append(out, fmt.Sprintf("(ledger) %s: %s", p.Path(), strings.Join(p.Check.Failures, "; ")))
+		out = append(out, fmt.Sprintf("(ledger) %s: %s", p.name(r.Repeat), strings.Join(p.Check.Failures, "; ")))
 	}
 	if checked > 0 {
 		if held == checked {
@@ -310,6 +523,7 @@ func (r *Result) notes() []string {
 	if line := r.deliveryNote(); line != "" {
 		out = append(out, line)
 	}
+	out = append(out, r.sustainedNotes()...)
 	for _, s := range r.Skipped {
 		what := "skipped"
 		if s.Kind != "" {
@@ -317,20 +531,51 @@ func (r *Result) notes() []string {
 		}
 		out = append(out, fmt.Sprintf("%s: %s: %s", s.Store, what, s.Reason))
 	}
+	measured := map[string]bool{}
+	for _, c := range r.CeilingSummaries {
+		measured[c.ID] = c.Status == Measured
+	}
 	for _, c := range r.Ceilings {
+		if c.Status != Measured && measured[c.ID] { // measured in another round
+			out = append(out, fmt.Sprintf("ceiling %s, round %d: %s", c.Name, c.Round, c.Status))
+		}
+	}
+	for _, c := range r.CeilingSummaries {
 		if c.Status != Measured {
 			out = append(out, fmt.Sprintf("ceiling %s: %s", c.Name, c.Status))
 			continue
 		}
-		how := ""
+		how, spread := "", ""
 		if c.Command != "" {
 			how = " — `" + c.Command + "`"
 		}
-		out = append(out, fmt.Sprintf("ceiling %s: %s/s, %s average%s", c.Name, perSec(c.PerSec), millis(c.LatencyMS), how))
+		if c.PerSec.N > 1 {
+			spread = fmt.Sprintf(" (median of %d rounds, %s)", c.PerSec.N, spreadText(c.PerSec))
+		}
+		latency := ""
+		if c.LatencyMS > 0 {
+			latency = ", " + millis(c.LatencyMS) + " average"
+		}
+		out = append(out, fmt.Sprintf("ceiling %s: %s/s%s%s%s", c.Name, perSec(c.PerSec.Median), spread, latency, how))
 	}
 	for _, c := range r.Concurrent {
+		wall := millis(c.MedianWallMS)
+		var about []string
+		if c.Wall.N > 1 {
+			about = append(about, millis(c.Wall.Min)+"–"+millis(c.Wall.Max))
+		}
+		if c.GoalWallMS > 0 && c.Runs > 0 {
+			verdict := "meets"
+			if c.MedianWallMS >= c.GoalWallMS {
+				verdict = "above"
+			}
+			about = append(about, fmt.Sprintf("%s goal < %s", verdict, millis(c.GoalWallMS)))
+		}
+		if len(about) > 0 {
+			wall += " (" + strings.Join(about, "; ") + ")"
+		}
 		line := fmt.Sprintf("%d concurrent attempts on %s (`/charge-idempotent?attempts=%d&key=fresh`), median of %d runs: wall %s, barrier spread %s",
-			Attempts, c.Store, Attempts, c.Runs, millis(c.MedianWallMS), millis(c.MedianSpreadMS))
+			Attempts, c.Store, Attempts, c.Runs, wall, millis(c.MedianSpreadMS))
 		if c.Store == "unsafe" {
 			line = strings.Replace(line, "/charge-idempotent?", "/charge-unsafe?", 1)
 		}
