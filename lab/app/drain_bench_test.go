@@ -12,6 +12,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants/memory"
 )
@@ -58,6 +59,13 @@ func BenchmarkRelayDrain(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(b.N*drainEvents)/settled.Seconds(), "events/s")
+	// Webhooks the lab refused (a capture not recorded yet, say) are sent
+	// again after a backoff: work the drain did twice.
+	st, err := a.Provider().Stats(ctx, provider.Filter{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(st.WebhooksRejected)/float64(b.N*drainEvents), "rejected/event")
 }
 
 // fill charges n times in the books, each charge with its outbox event,
