@@ -119,7 +119,7 @@ type Provider struct {
 	flightMu sync.Mutex
 	inFlight map[string]int // requests being handled, per capture key or receipt event id
 
-	wake    chan struct{} // a capture wrote webhooks: the sender looks now
+	wake    chan struct{} // a capture wrote webhooks: the claim loop looks now
 	ownHTTP bool          // HTTPClient is the provider's own: its idle connections close with Run
 	running atomic.Bool
 	stopped chan struct{} // closed when Run returns: held answers are let go

@@ -100,8 +100,8 @@ func (p *Provider) webhooks(c Capture, f Faults) []Webhook {
 	return hooks
 }
 
-// wakeWorkers tells the idle sender that webhooks were written.
-func (p *Provider) wakeWorkers() {
+// wakeSender tells the webhooks' claim loop that a capture wrote some.
+func (p *Provider) wakeSender() {
 	select {
 	case p.wake <- struct{}{}:
 	default: // a wake-up is pending already: the claim that follows sees these too
