@@ -464,10 +464,11 @@ func (a *App) openBooks(ctx context.Context) error {
 	a.books = pgdb.NewBooks(pool, a.cfg.Clock)
 	// The relay's work goes through a pool of its own: attendees' charges,
 	// however many, never take the connections that deliver their effects.
-	// Each worker claims with one connection, then completes its batch's
-	// deliveries as they end, a few at once.
+	// Each worker (as many as the backlog calls for) claims with one
+	// connection, then completes its batch's deliveries as they end, a few
+	// at once.
 	bg, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema,
-		Size: int32(min(a.cfg.Relay.Workers*(1+a.cfg.Relay.Concurrency/4), 16)), AppName: a.instance})
+		Size: int32(min(a.cfg.Relay.MaxWorkers*(1+a.cfg.Relay.Concurrency/4), 16)), AppName: a.instance})
 	if err != nil {
 		return err
 	}

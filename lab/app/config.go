@@ -130,6 +130,10 @@ type Config struct {
 	// records are in PostgreSQL) before the webhook is dead. Default 10m:
 	// the lab's scale; a real provider retries for days.
 	WebhookWindow time.Duration
+	// WebhookSenders bounds the webhooks the lab's own provider sends at
+	// once (its pool of senders), each waiting on the lab's answer.
+	// Default 16.
+	WebhookSenders int
 	// StuckAfter is how long after its capture a charge may stay pending
 	// before /lab/reconcile calls it stuck (not settling: its webhook is
 	// not coming) and /metrics counts it in the oldest stuck charge's age.
@@ -181,6 +185,7 @@ func DefaultConfig() Config {
 		ProviderAddr:    "127.0.0.1:0",
 		ProviderTimeout: 2 * time.Second,
 		WebhookWindow:   10 * time.Minute,
+		WebhookSenders:  16,
 		StuckAfter:      2 * time.Minute,
 		Clock:           time.Now,
 		Logger:          slog.New(slog.DiscardHandler),
@@ -278,6 +283,9 @@ func (c Config) Validate() error {
 	}
 	if (c.RedisPairPrimary == "") != (c.RedisPairReplica == "") {
 		bad("the Redis pair needs both its primary and its replica URL (or neither)")
+	}
+	if c.WebhookSenders < 1 || c.WebhookSenders > 256 {
+		bad("webhook senders must be in 1..256 (got %d)", c.WebhookSenders)
 	}
 	if c.ProviderTimeout <= 0 {
 		bad("provider timeout must be a positive duration (got %s)", c.ProviderTimeout)

@@ -42,8 +42,9 @@ func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error 
 		base = own
 	}
 	// The relay's calls time out on their own: a withheld answer must not
-	// hold a worker longer than this.
-	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	// hold a worker longer than this. A connection is kept alive for each
+	// delivery the relay may have in flight.
+	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: provider.NewTransport(a.cfg.Relay.MaxWorkers * a.cfg.Relay.Concurrency)}
 	a.addCloser(hc.CloseIdleConnections)
 	a.providerClient = provider.NewClient(base+"/provider", key, hc)
 	a.effects = delivery.New(a.providerClient, a.books)
@@ -69,7 +70,7 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) 
 	pcfg := provider.DefaultConfig()
 	pcfg.Records, pcfg.APIKey, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, key, a.secret, webhookURL, a.cfg.Clock
 	pcfg.Logger = a.cfg.Logger.With("service", "provider")
-	pcfg.WebhookWindow = a.cfg.WebhookWindow
+	pcfg.WebhookWindow, pcfg.WebhookWorkers = a.cfg.WebhookWindow, a.cfg.WebhookSenders
 	p, err := provider.New(pcfg)
 	if err != nil {
 		return "", fmt.Errorf("error configuring the provider: %w", err)

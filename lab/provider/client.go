@@ -30,6 +30,20 @@ func NewClient(baseURL, apiKey string, hc *http.Client) *Client {
 	return &Client{base: strings.TrimRight(baseURL, "/"), key: apiKey, hc: hc}
 }
 
+// NewTransport returns a transport that keeps up to conns connections to
+// one host alive: the standard one keeps two, so a caller with more
+// requests in flight at once (the relay's deliveries, the provider's
+// webhook senders) would dial anew for most of them and leave the old
+// connections in TIME_WAIT. It uses no proxy: the lab and its provider
+// talk directly.
+func NewTransport(conns int) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.Proxy = nil
+	t.MaxIdleConnsPerHost = max(conns, 1)
+	t.MaxIdleConns = max(t.MaxIdleConns, t.MaxIdleConnsPerHost)
+	return t
+}
+
 // StatusError is an answer outside 2xx.
 type StatusError struct {
 	Status int

@@ -355,7 +355,7 @@ func (p *Provider) capture(c echo.Context) error {
 		return p.fail(c, err)
 	}
 	if !replayed {
-		p.wakeWorkers()
+		p.wakeSender()
 	}
 	if p.hit(f.AppliedResponseLost) {
 		done()

@@ -44,8 +44,9 @@ type Config struct {
 	Clock func() time.Time
 	// Logger. Default slog.Default().
 	Logger *slog.Logger
-	// HTTPClient sends the webhooks. Default: a client with a 10s timeout
-	// that follows no redirect.
+	// HTTPClient sends the webhooks. Default: a client of the provider's
+	// own with a 10s timeout that follows no redirect and keeps a
+	// connection alive per sender (WebhookWorkers), closed when Run ends.
 	HTTPClient *http.Client
 	// Rand draws in [0, 1) for error_rate, applied_response_lost and the
 	// webhook backoff's jitter, from concurrent requests. Default
@@ -62,7 +63,10 @@ type Config struct {
 	// WebhookBackoff is the wait before the second attempt; it doubles
 	// with each attempt, up to a minute, with jitter. Default 200ms.
 	WebhookBackoff time.Duration
-	// WebhookWorkers send webhooks concurrently. Default 4.
+	// WebhookWorkers bounds the webhooks sent at once: a pool of that many
+	// senders, fed by one loop that claims as many due webhooks as senders
+	// are free. Each send waits on the lab's answer (a transaction there),
+	// so one at a time would let webhooks fall behind the captures. Default 16.
 	WebhookWorkers int
 	// WebhookLease hides a claimed webhook from other workers while one
 	// sends it: a worker that dies mid-send leaves it to be sent again
@@ -92,17 +96,12 @@ type Signals struct {
 // a WebhookURL) remain to be set.
 func DefaultConfig() Config {
 	return Config{
-		Clock:  time.Now,
-		Logger: slog.Default(),
-		HTTPClient: &http.Client{
-			Timeout: 10 * time.Second,
-			// A webhook goes where it was configured to, not where an answer points.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
+		Clock:            time.Now,
+		Logger:           slog.Default(),
 		Rand:             randv2.Float64,
 		WebhookWindow:    10 * time.Minute,
 		WebhookBackoff:   200 * time.Millisecond,
-		WebhookWorkers:   4,
+		WebhookWorkers:   16,
 		WebhookLease:     time.Minute,
 		WebhookPoll:      250 * time.Millisecond,
 		ResponseLostHold: 10 * time.Second,
@@ -120,7 +119,8 @@ type Provider struct {
 	flightMu sync.Mutex
 	inFlight map[string]int // requests being handled, per capture key or receipt event id
 
-	wake    chan struct{} // a capture wrote webhooks: a worker looks now
+	wake    chan struct{} // a capture wrote webhooks: the claim loop looks now
+	ownHTTP bool          // HTTPClient is the provider's own: its idle connections close with Run
 	running atomic.Bool
 	stopped chan struct{} // closed when Run returns: held answers are let go
 
@@ -203,9 +203,6 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = d.Logger
 	}
-	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = d.HTTPClient
-	}
 	if cfg.Rand == nil {
 		cfg.Rand = d.Rand
 	}
@@ -227,12 +224,21 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.ResponseLostHold == 0 {
 		cfg.ResponseLostHold = d.ResponseLostHold
 	}
+	own := cfg.HTTPClient == nil
+	if own {
+		cfg.HTTPClient = &http.Client{
+			Timeout:   10 * time.Second,
+			Transport: NewTransport(cfg.WebhookWorkers),
+			// A webhook goes where it was configured to, not where an answer points.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
 	forged := make([]byte, 32)
 	rand.Read(forged) // never fails (crypto/rand)
 	return &Provider{
-		cfg: cfg, forged: forged,
+		cfg: cfg, forged: forged, ownHTTP: own,
 		faults: map[lab.Namespace]Faults{}, inFlight: map[string]int{},
-		wake: make(chan struct{}, cfg.WebhookWorkers), stopped: make(chan struct{}),
+		wake: make(chan struct{}, 1), stopped: make(chan struct{}),
 	}, nil
 }
 
@@ -275,7 +281,7 @@ func (p *Provider) Register(g *echo.Group) {
 }
 
 // Run sends the records' webhooks until ctx ends and returns once its
-// workers stopped (none without a WebhookURL). What is not delivered stays
+// senders stopped (none without a WebhookURL). What is not delivered stays
 // in the records, for the next Run on them (this process's or another's);
 // a webhook being sent is released at once, and answers being withheld
 // are let go. Call it once: a second call returns at once.
@@ -289,11 +295,10 @@ func (p *Provider) Run(ctx context.Context) {
 		<-ctx.Done()
 		return
 	}
-	var wg sync.WaitGroup
-	for range p.cfg.WebhookWorkers {
-		wg.Go(func() { p.sendWebhooks(ctx) })
+	if p.ownHTTP {
+		defer p.cfg.HTTPClient.CloseIdleConnections() // their goroutines end with Run
 	}
-	wg.Wait()
+	p.sendWebhooks(ctx)
 }
 
 // standing returns a namespace's standing faults.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,10 +44,6 @@ type WebhookData struct {
 
 // maxBackoff caps the wait between two attempts of one webhook.
 const maxBackoff = time.Minute
-
-// webhookBatch is how many due webhooks a worker claims at once; the lease
-// outlasts their sends (each bounded by the HTTP client's timeout).
-const webhookBatch = 4
 
 // event builds one webhook event of a capture.
 func event(typ, status string, c Capture, created int64) (id string, body []byte) {
@@ -103,65 +100,109 @@ func (p *Provider) webhooks(c Capture, f Faults) []Webhook {
 	return hooks
 }
 
-// wakeWorkers tells an idle worker that webhooks were written.
-func (p *Provider) wakeWorkers() {
+// wakeSender tells the webhooks' claim loop that a capture wrote some.
+func (p *Provider) wakeSender() {
 	select {
 	case p.wake <- struct{}{}:
-	default: // as many wake-ups as workers are pending already
+	default: // a wake-up is pending already: the claim that follows sees these too
 	}
 }
 
-// sendWebhooks is one worker: it claims due webhooks from the records and
-// sends them, until ctx ends. A webhook to try again later goes back to
-// the records, due after its backoff: no worker ever waits one out, so one
-// namespace's failing webhooks never hold up another's. Idle, the worker
-// waits for a capture's wake-up, the soonest backoff it set, or the poll.
+// sendWebhooks sends the records' due webhooks until ctx ends, up to
+// WebhookWorkers at once: one loop claims as many due webhooks as senders
+// are free and hands each to a sender of a fixed pool. The records hand
+// out only the first pending webhook of each capture, so sends in flight
+// together are of different captures, and a capture's webhooks still go
+// in order. A webhook to try again later goes back to the records, due
+// after its backoff: no sender waits one out, so one namespace's failing
+// webhooks never hold up another's. With free senders the loop waits for
+// a send to end (the next webhook of its capture may be due), a capture's
+// wake-up, the soonest backoff it saw, or the poll; with none, for a send
+// to end. On shutdown the senders release what they hold and stop.
 func (p *Provider) sendWebhooks(ctx context.Context) {
+	size := p.cfg.WebhookWorkers
+	// Both hold at most size webhooks (busy counts them), so neither the
+	// loop nor a sender ever blocks on them.
+	jobs := make(chan Webhook, size)
+	results := make(chan time.Time, size)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range size {
+		wg.Go(func() {
+			for w := range jobs {
+				if ctx.Err() != nil {
+					p.release(ctx, w) // claimed, never tried
+					results <- time.Time{}
+					continue
+				}
+				results <- p.send(ctx, w)
+			}
+		})
+	}
+	defer close(jobs)
+
 	t := time.NewTimer(0)
 	defer t.Stop()
+	busy := 0
+	var soonest time.Time // the soonest retry a send scheduled, not yet claimed
+	done := func(next time.Time) {
+		busy--
+		if !next.IsZero() && (soonest.IsZero() || next.Before(soonest)) {
+			soonest = next
+		}
+	}
 	for {
-		claimed, soonest := p.sendDue(ctx)
-		if ctx.Err() != nil {
-			return
+		if free := size - busy; free > 0 {
+			now := p.cfg.Clock()
+			for _, w := range p.claim(ctx, now, free) {
+				jobs <- w
+				busy++
+			}
+			if !soonest.After(now) {
+				soonest = time.Time{} // due by this claim: claimed, or another process's now
+			}
 		}
-		if claimed > 0 {
-			continue // more may be due: the next webhook of a capture just delivered
+		var timer <-chan time.Time
+		wake := p.wake
+		if busy < size {
+			wait := p.cfg.WebhookPoll
+			if !soonest.IsZero() {
+				wait = max(min(wait, soonest.Sub(p.cfg.Clock())), 0)
+			}
+			t.Reset(wait)
+			timer = t.C
+		} else {
+			wake = nil // no sender to take them: the wake-up waits for one
 		}
-		wait := p.cfg.WebhookPoll
-		if !soonest.IsZero() {
-			wait = max(min(wait, soonest.Sub(p.cfg.Clock())), 0)
-		}
-		t.Reset(wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-p.wake:
-		case <-t.C:
+		case next := <-results:
+			done(next)
+			for drained := false; !drained; { // claim once for every send that ended meanwhile
+				select {
+				case next := <-results:
+					done(next)
+				default:
+					drained = true
+				}
+			}
+		case <-wake:
+		case <-timer:
 		}
 	}
 }
 
-// sendDue claims one batch of due webhooks and sends each; it returns how
-// many it claimed and the soonest retry it scheduled (zero if none).
-func (p *Provider) sendDue(ctx context.Context) (int, time.Time) {
-	hooks, err := p.cfg.Records.ClaimWebhooks(ctx, p.cfg.Clock(), webhookBatch, p.cfg.WebhookLease)
+// claim leases up to limit due webhooks; a failure is logged and claims none.
+func (p *Provider) claim(ctx context.Context, now time.Time, limit int) []Webhook {
+	hooks, err := p.cfg.Records.ClaimWebhooks(ctx, now, limit, p.cfg.WebhookLease)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.cfg.Logger.WarnContext(ctx, "claiming webhooks failed", "err", err)
 		}
-		return 0, time.Time{}
+		return nil
 	}
-	var soonest time.Time
-	for _, w := range hooks {
-		if ctx.Err() != nil {
-			p.release(ctx, w) // claimed, never tried
-			continue
-		}
-		if next := p.send(ctx, w); !next.IsZero() && (soonest.IsZero() || next.Before(soonest)) {
-			soonest = next
-		}
-	}
-	return len(hooks), soonest
+	return hooks
 }
 
 // send makes one attempt of w and records it; it returns when w is due

@@ -43,7 +43,14 @@ type Settings struct {
 	Interval time.Duration // poll interval of each worker
 	Lease    time.Duration // how long a claimed event is hidden from other workers
 	Batch    int           // events per claim
-	Workers  int           // goroutines of one relay, each claiming its own batch
+	// Workers are the goroutines of one relay, each claiming its own
+	// batch, at least; MaxWorkers at most. A worker whose claims come back
+	// full (more were due than it took) starts another, up to MaxWorkers;
+	// one above Workers whose claim comes back empty stops: the relay
+	// holds connections and goroutines for the backlog it has, not for the
+	// largest it ever had.
+	Workers    int
+	MaxWorkers int
 	// Concurrency bounds the deliveries of one batch in flight at once: a
 	// delivery waits mostly on the provider (its capture, then its webhooks
 	// back), so one at a time leaves the relay far behind the charges.
@@ -66,6 +73,8 @@ func (s Settings) Validate() error {
 	case s.Batch < 1 || s.MaxAttempts < 1 || s.Workers < 1 || s.Concurrency < 1:
 		return fmt.Errorf("relay: batch, max attempts, workers and concurrency must be at least 1 (got %d, %d, %d, %d)",
 			s.Batch, s.MaxAttempts, s.Workers, s.Concurrency)
+	case s.MaxWorkers < s.Workers:
+		return fmt.Errorf("relay: max workers %d is below the workers %d", s.MaxWorkers, s.Workers)
 	}
 	return nil
 }
@@ -90,7 +99,7 @@ type Signals struct {
 // Defaults are the settings the lab runs with.
 func Defaults() Config {
 	return Config{Settings: Settings{
-		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50, Workers: 2, Concurrency: 8,
+		Interval: 100 * time.Millisecond, Lease: 10 * time.Second, Batch: 50, Workers: 2, MaxWorkers: 8, Concurrency: 8,
 		MaxAttempts: 8, BaseBackoff: 500 * time.Millisecond, MaxBackoff: time.Minute,
 	}}
 }
@@ -102,6 +111,7 @@ type Relay struct {
 	cfg                     Config
 	delivered, failed, dead atomic.Int64
 	fenced                  atomic.Int64
+	workers, mostWorkers    atomic.Int64
 	held                    atomic.Bool
 }
 
@@ -126,11 +136,17 @@ type Counts struct {
 	Failed    int64 // failed, to be tried again
 	Dead      int64 // failed for the last time
 	Fenced    int64 // completions refused: the claim was superseded
+	// Workers are the workers running now, MostWorkers the most that
+	// ever ran at once: the backlog adds them, idleness takes them away.
+	Workers     int64
+	MostWorkers int64
 }
 
-// Counts reports the relay's delivery attempts so far, by outcome.
+// Counts reports the relay's delivery attempts so far, by outcome, and its
+// workers.
 func (r *Relay) Counts() Counts {
-	return Counts{Delivered: r.delivered.Load(), Failed: r.failed.Load(), Dead: r.dead.Load(), Fenced: r.fenced.Load()}
+	return Counts{Delivered: r.delivered.Load(), Failed: r.failed.Load(), Dead: r.dead.Load(), Fenced: r.fenced.Load(),
+		Workers: r.workers.Load(), MostWorkers: r.mostWorkers.Load()}
 }
 
 // Hold stops (true) or resumes (false) the workers' ticks: held, events
@@ -138,28 +154,93 @@ func (r *Relay) Counts() Counts {
 // alone, then times how fast the relay drains what it left.
 func (r *Relay) Hold(held bool) { r.held.Store(held) }
 
-// Run delivers with cfg.Workers workers until ctx is cancelled.
+// growAfter is how many full claims in a row make a worker start another:
+// one full claim may be a burst the next claim empties.
+const growAfter = 2
+
+// Run delivers until ctx is cancelled, with Workers workers and, while the
+// backlog lasts, more of them up to MaxWorkers.
 func (r *Relay) Run(ctx context.Context) {
-	var wg sync.WaitGroup
+	c := &crew{r: r}
 	for range r.cfg.Workers {
-		wg.Go(func() { r.work(ctx) })
+		c.grow(ctx)
 	}
-	wg.Wait()
+	c.wg.Wait()
 }
 
-// work is one worker: a claim, its deliveries, then a wait for the next tick.
-func (r *Relay) work(ctx context.Context) {
+// crew is one Run's workers.
+type crew struct {
+	r  *Relay
+	wg sync.WaitGroup
+	mu sync.Mutex
+	n  int // workers running, guarded by mu
+}
+
+// grow starts one more worker unless MaxWorkers run already.
+func (c *crew) grow(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n >= c.r.cfg.MaxWorkers {
+		return
+	}
+	c.n++
+	raise(&c.r.mostWorkers, c.r.workers.Add(1))
+	c.wg.Go(func() { c.r.work(ctx, c) })
+}
+
+// raise sets v to n if n is larger.
+func raise(v *atomic.Int64, n int64) {
+	for old := v.Load(); n > old; old = v.Load() {
+		if v.CompareAndSwap(old, n) {
+			return
+		}
+	}
+}
+
+// shrink lets an idle worker stop, and reports whether it may: never below
+// Workers, and always when the relay stops.
+func (c *crew) shrink(stopping bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !stopping && c.n <= c.r.cfg.Workers {
+		return false
+	}
+	c.n--
+	c.r.workers.Add(-1)
+	return true
+}
+
+// work is one worker: a claim, its deliveries, then the next claim at
+// once when this one was full, or after the next tick.
+func (r *Relay) work(ctx context.Context, c *crew) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	full := 0 // full claims in a row
 	for {
+		claimed := 0
 		if !r.held.Load() {
-			if _, err := r.Tick(ctx); err != nil && ctx.Err() == nil {
+			var err error
+			if claimed, _, err = r.tick(ctx); err != nil && ctx.Err() == nil {
 				r.cfg.Logger.WarnContext(ctx, "outbox relay tick failed", "err", err)
 			}
 		}
+		if claimed < r.cfg.Batch {
+			full = 0
+		} else if full++; full == growAfter {
+			full = 0
+			c.grow(ctx)
+		}
+		if claimed == 0 && ctx.Err() == nil && c.shrink(false) {
+			r.cfg.Signals.Ticked.Signal()
+			return
+		}
 		r.cfg.Signals.Ticked.Signal()
+		if claimed == r.cfg.Batch && ctx.Err() == nil {
+			continue // more were due than it took: no wait for the tick
+		}
 		select {
 		case <-ctx.Done():
+			c.shrink(true)
 			return
 		case <-t.C:
 		}
@@ -173,15 +254,20 @@ func (r *Relay) work(ctx context.Context) {
 // never counted as delivered, and an event whose completion failed stays
 // pending until its lease ends.
 func (r *Relay) Tick(ctx context.Context) (int, error) {
+	_, delivered, err := r.tick(ctx)
+	return delivered, err
+}
+
+// tick is Tick, reporting also how many events it claimed.
+func (r *Relay) tick(ctx context.Context) (claimed, delivered int, err error) {
 	events, err := r.cfg.Outbox.ClaimDue(ctx, r.cfg.Batch, r.cfg.Lease)
 	if err != nil {
-		return 0, fmt.Errorf("error claiming outbox events: %w", err)
+		return 0, 0, fmt.Errorf("error claiming outbox events: %w", err)
 	}
 	var (
-		wg        sync.WaitGroup
-		mu        sync.Mutex
-		delivered int
-		errs      []error
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
 	)
 	slots := make(chan struct{}, r.cfg.Concurrency)
 	for _, ev := range events {
@@ -191,7 +277,7 @@ func (r *Relay) Tick(ctx context.Context) (int, error) {
 			// Stopping: the events not started stay claimed until their
 			// lease ends, then are delivered again.
 			wg.Wait()
-			return delivered, errors.Join(append(errs, ctx.Err())...)
+			return len(events), delivered, errors.Join(append(errs, ctx.Err())...)
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
@@ -207,7 +293,7 @@ func (r *Relay) Tick(ctx context.Context) (int, error) {
 		})
 	}
 	wg.Wait()
-	return delivered, errors.Join(errs...)
+	return len(events), delivered, errors.Join(errs...)
 }
 
 // deliver sends one claimed event and completes it under the claim's fence.

@@ -201,6 +201,9 @@ func TestNewRejectsBadSettings(t *testing.T) {
 		"no clock":     func(cfg *relay.Config) { cfg.Clock = nil },
 		"zero backoff": func(cfg *relay.Config) { cfg.BaseBackoff = 0 },
 		"no workers":   func(cfg *relay.Config) { cfg.Workers = 0 },
+		"max below workers": func(cfg *relay.Config) {
+			cfg.Workers, cfg.MaxWorkers = 3, 2
+		},
 		"cap below base": func(cfg *relay.Config) {
 			cfg.BaseBackoff, cfg.MaxBackoff = time.Minute, time.Second
 		},
