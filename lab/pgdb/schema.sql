@@ -211,3 +211,25 @@ ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS capture_id text NOT NULL DEF
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS amount_cents bigint NOT NULL DEFAULT 0;
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS currency text NOT NULL DEFAULT '';
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS mismatch text;
+
+-- Pruning: delivered outbox events and the webhook event ids the lab
+-- processed are deleted once older than the retention (the app's pruner,
+-- in batches); the ledger never is, nor a pending or dead event, nor a
+-- webhook event that did not match its charge (what reconcile reports).
+-- The totals a deleted event still counts in are added here by the
+-- statement that deletes it: per namespace and run, how many events were
+-- delivered, and the attempts they took beyond their first.
+CREATE TABLE IF NOT EXISTS outbox_rollup (
+    namespace text   NOT NULL,
+    run_id    text   NOT NULL,
+    delivered bigint NOT NULL,
+    retries   bigint NOT NULL,
+    PRIMARY KEY (namespace, run_id)
+);
+-- The pruner walks the delivered events oldest first; the counts read the
+-- delivered ones of a namespace from an index alone, and the others (few,
+-- whatever the table holds) from a partial index of their own.
+CREATE INDEX IF NOT EXISTS outbox_delivered_at ON outbox (delivered_at) WHERE state = 'delivered';
+CREATE INDEX IF NOT EXISTS outbox_delivered_namespace ON outbox (namespace) INCLUDE (attempts) WHERE state = 'delivered';
+CREATE INDEX IF NOT EXISTS outbox_open ON outbox (namespace) WHERE state <> 'delivered';
+CREATE INDEX IF NOT EXISTS webhook_events_received_at ON webhook_events (received_at) WHERE mismatch IS NULL;
