@@ -21,7 +21,9 @@ CREATE TABLE IF NOT EXISTS provider_captures (
     created_at      timestamptz NOT NULL,
     PRIMARY KEY (tenant_id, idempotency_key)
 );
-CREATE INDEX IF NOT EXISTS provider_captures_namespace ON provider_captures (namespace);
+-- A namespace's newest captures (what reconcile lists) walk this index.
+DROP INDEX IF EXISTS provider_captures_namespace;
+CREATE INDEX IF NOT EXISTS provider_captures_newest ON provider_captures (namespace, created_at DESC, seq DESC);
 CREATE INDEX IF NOT EXISTS provider_captures_run ON provider_captures (run_id);
 CREATE INDEX IF NOT EXISTS provider_captures_charge ON provider_captures (charge_id);
 

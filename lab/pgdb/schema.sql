@@ -38,7 +38,10 @@ CREATE TABLE IF NOT EXISTS charges (
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS balance_after_cents bigint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS charges_run ON charges (run_id);
 CREATE INDEX IF NOT EXISTS charges_key ON charges (tenant_id, store, idempotency_key);
-CREATE INDEX IF NOT EXISTS charges_account ON charges (tenant_id, account);
+-- An account's balance is summed from the ledger (Balance): from this
+-- index alone, not a heap page per charge.
+DROP INDEX IF EXISTS charges_account;
+CREATE INDEX IF NOT EXISTS charges_account_amount ON charges (tenant_id, account) INCLUDE (amount_cents);
 
 -- Balances, kept in the charge's transaction so a charge costs one row
 -- update instead of a sum over the account's history. Derived from the
@@ -78,7 +81,10 @@ DROP TABLE IF EXISTS provider_receipts;
 ALTER TABLE idempotency_requests ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
 CREATE INDEX IF NOT EXISTS idempotency_requests_namespace ON idempotency_requests (namespace, created_at DESC);
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
-CREATE INDEX IF NOT EXISTS charges_namespace ON charges (namespace);
+-- A namespace's newest charges (what reconcile lists) walk this index
+-- instead of sorting the namespace's whole ledger.
+DROP INDEX IF EXISTS charges_namespace;
+CREATE INDEX IF NOT EXISTS charges_namespace_created ON charges (namespace, created_at DESC, id);
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
 CREATE INDEX IF NOT EXISTS outbox_namespace ON outbox (namespace, created_at DESC);
 -- The relay's fence: a claim stamps its random token and its lease, and only
