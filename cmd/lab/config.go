@@ -54,6 +54,8 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"webhook-secret", "LAB_WEBHOOK_SECRET", "secret of the provider's webhook signatures; empty draws one (only with the lab's own provider)", (*text)(&c.WebhookSecret)},
 		{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long this process's own provider retries an unacknowledged webhook before it is dead", (*duration)(&c.WebhookWindow)},
 		{"webhook-senders", "LAB_WEBHOOK_SENDERS", "webhooks this process's own provider sends at once, 1..256", (*integer)(&c.WebhookSenders)},
+		{"prune-after", "LAB_PRUNE_AFTER", "delivered outbox events, processed webhook ids and the own provider's receipts and delivered webhooks are pruned once this old (never the ledger or the captures); at least -webhook-window plus the provider's 1m lease", (*duration)(&c.PruneAfter)},
+		{"prune-interval", "LAB_PRUNE_INTERVAL", "how often the pruner deletes what outlived -prune-after, in batches of 1,000", (*duration)(&c.PruneInterval)},
 		{"stuck-after", "LAB_STUCK_AFTER", "a captured charge still pending this long after is stuck (reconcile, /metrics)", (*duration)(&c.StuckAfter)},
 		{"provider-api-key", "LAB_PROVIDER_API_KEY", "API key the provider asks of every call (Authorization: Bearer); empty draws one (only with the lab's own provider)", (*text)(&c.ProviderAPIKey)},
 		{"max-replicas", "LAB_MAX_REPLICAS", "in-process replicas a run may use, 1..8", (*integer)(&c.MaxReplicas)},

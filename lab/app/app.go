@@ -1,7 +1,7 @@
 // Package app assembles a lab from its configuration: the books (PostgreSQL
 // or memory), one store per registered variant on each replica, the HTTP
-// servers, the outbox relay and the sweeper. It knows no variant by name:
-// the designs come in through Config.Variants.
+// servers, the outbox relay, the sweeper and the pruner. It knows no
+// variant by name: the designs come in through Config.Variants.
 package app
 
 import (
@@ -68,6 +68,7 @@ type App struct {
 
 	secret         []byte           // signs and verifies the provider's webhooks
 	providerClient *provider.Client // the payment provider, over HTTP
+	providerPruner provider.Pruner  // the own provider's records, which the pruner prunes; nil with an external one
 	effects        *delivery.Courier
 	relay          *relay.Relay
 	// relayOutbox is the outbox as the relay reads it: the books on a pool
@@ -193,6 +194,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	a.replicas.mu.Unlock()
 	a.bg.Go(func() { rl.Run(bgCtx) })
 	a.bg.Go(func() { a.sweep(bgCtx) })
+	a.bg.Go(func() { a.prune(bgCtx) })
 	return a, nil
 }
 

@@ -134,6 +134,17 @@ type Config struct {
 	// once (its pool of senders), each waiting on the lab's answer.
 	// Default 16.
 	WebhookSenders int
+	// PruneAfter is how long what only settles a delivery is kept before
+	// the pruner deletes it: delivered outbox events, the webhook event ids
+	// the lab processed, and its own provider's receipts and delivered
+	// webhooks. The ledger and the captures are never pruned, nor a
+	// pending or dead event, and outbox_delivered counts the pruned events
+	// from a roll-up. It must outlast WebhookWindow by the provider's
+	// webhook lease, so that a webhook redelivered at the end of its window
+	// still finds its event id and changes nothing. Default 24h.
+	PruneAfter time.Duration
+	// PruneInterval is how often the pruner runs. Default 1m.
+	PruneInterval time.Duration
 	// StuckAfter is how long after its capture a charge may stay pending
 	// before /lab/reconcile calls it stuck (not settling: its webhook is
 	// not coming) and /metrics counts it in the oldest stuck charge's age.
@@ -186,11 +197,18 @@ func DefaultConfig() Config {
 		ProviderTimeout: 2 * time.Second,
 		WebhookWindow:   10 * time.Minute,
 		WebhookSenders:  16,
+		PruneAfter:      24 * time.Hour,
+		PruneInterval:   time.Minute,
 		StuckAfter:      2 * time.Minute,
 		Clock:           time.Now,
 		Logger:          slog.New(slog.DiscardHandler),
 	}
 }
+
+// ownWebhookLease is how long the lab's own provider hides a webhook it is
+// sending: a claim made at the end of the window may send it once more
+// that much later.
+func ownWebhookLease() time.Duration { return provider.DefaultConfig().WebhookLease }
 
 var replicaName = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
 
@@ -231,10 +249,18 @@ func (c Config) Validate() error {
 		v    time.Duration
 	}{{"dedupe window", c.Window}, {"in-flight wait", c.InFlightWait}, {"claim TTL", c.ClaimTTL}, {"sweep interval", c.SweepInterval},
 		{"read timeout", c.ReadTimeout}, {"write timeout", c.WriteTimeout}, {"idle timeout", c.IdleTimeout},
-		{"webhook window", c.WebhookWindow}, {"stuck bound", c.StuckAfter}} {
+		{"webhook window", c.WebhookWindow}, {"stuck bound", c.StuckAfter},
+		{"prune retention", c.PruneAfter}, {"prune interval", c.PruneInterval}} {
 		if d.v <= 0 {
 			bad("%s must be a positive duration (got %s)", d.name, d.v)
 		}
+	}
+	// The lab must remember a webhook's event id as long as the provider
+	// may send it again: its window, and the lease of the last attempt.
+	if least := c.WebhookWindow + ownWebhookLease(); c.PruneAfter > 0 && c.PruneAfter < least {
+		bad("-prune-after (LAB_PRUNE_AFTER) is %s, shorter than the provider's webhook redelivery window (-webhook-window %s) "+
+			"and its webhook lease (%s): a webhook redelivered then would no longer be known and would be processed again; "+
+			"set -prune-after to at least %s", c.PruneAfter, c.WebhookWindow, ownWebhookLease(), least)
 	}
 	if c.MaxReplicas < 1 || c.MaxReplicas > 8 {
 		bad("max replicas must be in 1..8 (got %d)", c.MaxReplicas)

@@ -63,10 +63,14 @@ func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error 
 // startProvider serves the lab's own provider, which asks for key, and
 // returns its base URL.
 func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) (string, error) {
-	var records provider.Records = provider.NewMemory()
+	var records interface {
+		provider.Records
+		provider.Pruner
+	} = provider.NewMemory()
 	if a.pool != nil {
 		records = pgdb.NewProviderRecords(a.pool) // every replica of a cluster sees one provider
 	}
+	a.providerPruner = records
 	pcfg := provider.DefaultConfig()
 	pcfg.Records, pcfg.APIKey, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, key, a.secret, webhookURL, a.cfg.Clock
 	pcfg.Logger = a.cfg.Logger.With("service", "provider")

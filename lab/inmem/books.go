@@ -31,7 +31,17 @@ type Books struct {
 	runs     map[string]lab.Namespace // the runs opened, by id
 	owners   map[string]lab.Namespace // charge id -> its namespace
 	captures map[string][]capture     // charge id -> the captures the lab recorded of it, oldest first
+	pruned   map[runKey]*rollup       // what the pruned events still count for
 }
+
+// runKey names a namespace's run.
+type runKey struct {
+	ns  lab.Namespace
+	run string
+}
+
+// rollup is what pruned events count for, per namespace and run.
+type rollup struct{ delivered, retries int }
 
 // webhookEvent is one processed provider event; mismatch says why it did
 // not match its charge ("" when it did).
@@ -69,6 +79,7 @@ func (b *Books) clear() {
 	b.runs = map[string]lab.Namespace{}
 	b.owners = map[string]lab.Namespace{}
 	b.captures = map[string][]capture{}
+	b.pruned = map[runKey]*rollup{}
 }
 
 // Kind names the backend.
@@ -102,6 +113,7 @@ func (b *Books) Reset(_ context.Context, ns lab.Namespace) error {
 		delete(b.byID, ev.ID)
 		return true
 	})
+	maps.DeleteFunc(b.pruned, func(k runKey, _ *rollup) bool { return k.ns == ns })
 	maps.DeleteFunc(b.runs, func(_ string, owner lab.Namespace) bool { return owner == ns })
 	for id, w := range b.webhooks {
 		if ns.Includes(w.ns) {
@@ -176,7 +188,8 @@ func (b *Books) RunNamespace(_ context.Context, run string) (lab.Namespace, erro
 	return ns, nil
 }
 
-// RunStats counts what one run created in namespace ns.
+// RunStats counts what one run created in namespace ns, the pruned
+// events from their roll-up.
 func (b *Books) RunStats(_ context.Context, ns lab.Namespace, run string) (lab.RunStats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -197,6 +210,10 @@ func (b *Books) RunStats(_ context.Context, ns lab.Namespace, run string) (lab.R
 				s.Dead++
 			}
 		}
+	}
+	if r := b.pruned[runKey{ns, run}]; r != nil {
+		s.OutboxEvents += r.delivered
+		s.Delivered += r.delivered
 	}
 	return s, nil
 }
@@ -409,6 +426,12 @@ func (b *Books) OutboxStats(_ context.Context, ns lab.Namespace) (lab.OutboxStat
 			s.Delivered++
 		case lab.EventDead:
 			s.Dead++
+		}
+	}
+	for k, r := range b.pruned {
+		if ns.Includes(k.ns) {
+			s.Delivered += r.delivered
+			s.Retries += r.retries
 		}
 	}
 	return s, nil

@@ -107,21 +107,30 @@ func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookRes
 // Payments lists a namespace's charges, newest first, with their payment
 // state, their event's state, their recorded captures and how many
 // webhooks were processed for them ("" for every namespace; run filters
-// when set).
+// when set). A namespace's newest charges are read from its index in
+// creation order, whatever its ledger holds. An event the pruner deleted
+// (it was delivered) reads as none, which reconcile takes as settled, as
+// it takes a delivered one.
 func (b *Books) Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error) {
+	inRun := "c.run_id = $2"
+	if run == "" {
+		inRun = "$2 = ''"
+	}
 	rows, err := b.pool.Query(ctx, `
 		SELECT c.id, c.tenant_id, c.run_id, c.amount_cents, c.currency, c.payment_state,
 		       coalesce((SELECT o.state FROM outbox o WHERE o.charge_id = c.id ORDER BY o.created_at LIMIT 1), ''),
-		       (SELECT count(*) FROM webhook_events w WHERE w.charge_id = c.id AND w.mismatch IS NULL)::int, c.created_at,
+		       wh.matched, c.created_at,
 		       coalesce(cap.capture_id, ''), coalesce(cap.first_at, 'epoch'::timestamptz),
-		       (SELECT count(*) FROM webhook_events w WHERE w.charge_id = c.id AND w.mismatch IS NOT NULL)::int,
-		       coalesce((SELECT w.mismatch FROM webhook_events w WHERE w.charge_id = c.id AND w.mismatch IS NOT NULL
-		                 ORDER BY w.received_at DESC LIMIT 1), '')
+		       wh.mismatched, coalesce(wh.mismatch, '')
 		FROM charges c
 		LEFT JOIN LATERAL (
 			SELECT (array_agg(cc.capture_id ORDER BY cc.recorded_at DESC, cc.capture_id))[1] AS capture_id, min(cc.recorded_at) AS first_at
 			FROM charge_captures cc WHERE cc.charge_id = c.id AND cc.tenant_id = c.tenant_id) cap ON true
-		WHERE ($1 = '' OR c.namespace = $1) AND ($2 = '' OR c.run_id = $2)
+		CROSS JOIN LATERAL ( -- one walk of the charge's webhook events, not one per figure
+			SELECT count(*) FILTER (WHERE w.mismatch IS NULL)::int AS matched, count(*) FILTER (WHERE w.mismatch IS NOT NULL)::int AS mismatched,
+			       (array_agg(w.mismatch ORDER BY w.received_at DESC) FILTER (WHERE w.mismatch IS NOT NULL))[1] AS mismatch
+			FROM webhook_events w WHERE w.charge_id = c.id) wh
+		WHERE `+InNamespace(ns, 1)+` AND `+inRun+`
 		ORDER BY c.created_at DESC, c.id LIMIT $3`, string(ns), run, limit)
 	if err != nil {
 		return nil, fmt.Errorf("error listing payments: %w", err)

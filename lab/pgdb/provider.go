@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
 
@@ -180,11 +181,25 @@ func (r *ProviderRecords) Receipt(ctx context.Context, rc provider.Receipt) (boo
 }
 
 // filterWhere selects rows by namespace ($1), run ($2) and charge ($3).
-const filterWhere = `($1 = '' OR namespace = $1) AND ($2 = '' OR run_id = $2) AND ($3 = '' OR charge_id = $3)`
+// Each field has two forms, as InNamespace has, so a plan reused for
+// every call still walks an index: the newest captures of a namespace are
+// read from (namespace, created_at), not sorted out of all of them.
+func filterWhere(f provider.Filter) string {
+	where := InNamespace(lab.Namespace(f.Namespace), 1)
+	if f.Run == "" {
+		where += " AND $2 = ''"
+	} else {
+		where += " AND run_id = $2"
+	}
+	if f.ChargeID == "" {
+		return where + " AND $3 = ''"
+	}
+	return where + " AND charge_id = $3"
+}
 
 // Captures lists the captures f selects, newest first.
 func (r *ProviderRecords) Captures(ctx context.Context, f provider.Filter) ([]provider.Capture, error) {
-	rows, err := r.pool.Query(ctx, `SELECT `+captureColumns+` FROM provider_captures WHERE `+filterWhere+`
+	rows, err := r.pool.Query(ctx, `SELECT `+captureColumns+` FROM provider_captures WHERE `+filterWhere(f)+`
 		ORDER BY created_at DESC, seq DESC LIMIT $4`, f.Namespace, f.Run, f.ChargeID, f.EffectiveLimit())
 	if err != nil {
 		return nil, fmt.Errorf("error listing captures: %w", err)
@@ -196,23 +211,34 @@ func (r *ProviderRecords) Captures(ctx context.Context, f provider.Filter) ([]pr
 	return list, nil
 }
 
-// Stats sums what f selects in one statement.
+// Stats sums what f selects in one statement. The receipts and delivered
+// webhooks the pruner deleted count from its roll-up, which knows their
+// namespace and run but not their charge: a filter by charge sums the rows
+// alone.
 func (r *ProviderRecords) Stats(ctx context.Context, f provider.Filter) (provider.Stats, error) {
 	var s provider.Stats
+	where := filterWhere(f)
+	// The roll-up has no charge: its form of the charge's condition, $3 = '',
+	// selects none of it when f names a charge.
+	rollupWhere := filterWhere(provider.Filter{Namespace: f.Namespace, Run: f.Run})
 	err := r.pool.QueryRow(ctx, `
-		WITH c AS (SELECT charge_id, requests, amount_cents, status, via FROM provider_captures WHERE `+filterWhere+`),
-		     re AS (SELECT deliveries FROM provider_receipt_events WHERE `+filterWhere+`),
-		     w AS (SELECT state FROM provider_webhooks WHERE `+filterWhere+`)
+		WITH c AS (SELECT charge_id, requests, amount_cents, status, via FROM provider_captures WHERE `+where+`),
+		     re AS (SELECT deliveries FROM provider_receipt_events WHERE `+where+`),
+		     w AS (SELECT state FROM provider_webhooks WHERE `+where+`),
+		     pruned AS (SELECT coalesce(sum(receipts), 0)::bigint AS receipts, coalesce(sum(receipt_deliveries), 0)::bigint AS deliveries,
+		                       coalesce(sum(webhooks_delivered), 0)::bigint AS webhooks
+		                FROM provider_rollup WHERE `+rollupWhere+`)
 		SELECT (SELECT count(*) FROM c),
 		       (SELECT coalesce(sum(requests), 0) FROM c)::bigint,
 		       (SELECT count(*) FROM (SELECT 1 FROM c GROUP BY charge_id HAVING count(*) > 1) twice),
 		       (SELECT coalesce(sum(amount_cents) FILTER (WHERE status = 'succeeded'), 0) FROM c)::bigint,
-		       (SELECT count(*) FROM re),
-		       (SELECT coalesce(sum(deliveries), 0) FROM re)::bigint,
+		       (SELECT count(*) FROM re) + pruned.receipts,
+		       (SELECT coalesce(sum(deliveries), 0) FROM re)::bigint + pruned.deliveries,
 		       (SELECT count(*) FROM c WHERE via = 'direct'),
 		       (SELECT count(*) FILTER (WHERE state = 'pending') FROM w),
-		       (SELECT count(*) FILTER (WHERE state = 'delivered') FROM w),
-		       (SELECT count(*) FILTER (WHERE state = 'dead') FROM w)`, f.Namespace, f.Run, f.ChargeID).
+		       (SELECT count(*) FILTER (WHERE state = 'delivered') FROM w) + pruned.webhooks,
+		       (SELECT count(*) FILTER (WHERE state = 'dead') FROM w)
+		FROM pruned`, f.Namespace, f.Run, f.ChargeID).
 		Scan(&s.CapturesApplied, &s.CaptureRequests, &s.ChargesCapturedTwice, &s.CapturedCents,
 			&s.Receipts, &s.ReceiptDeliveries, &s.DirectCaptures, &s.WebhooksQueued, &s.WebhooksDelivered, &s.WebhooksDead)
 	if err != nil {
@@ -225,7 +251,7 @@ func (r *ProviderRecords) Stats(ctx context.Context, f provider.Filter) (provide
 // the tables), and nothing of the lab's own.
 func (r *ProviderRecords) Reset(ctx context.Context, ns string) error {
 	if ns == "" {
-		if _, err := r.pool.Exec(ctx, `TRUNCATE provider_captures, provider_receipt_events, provider_webhooks`); err != nil {
+		if _, err := r.pool.Exec(ctx, `TRUNCATE provider_captures, provider_receipt_events, provider_webhooks, provider_rollup`); err != nil {
 			return fmt.Errorf("error emptying the provider's records: %w", err)
 		}
 		return nil
@@ -235,6 +261,8 @@ func (r *ProviderRecords) Reset(ctx context.Context, ns string) error {
 			`DELETE FROM provider_captures WHERE namespace = $1`,
 			`DELETE FROM provider_receipt_events WHERE namespace = $1`,
 			`DELETE FROM provider_webhooks WHERE namespace = $1`,
+			// After the rows: a prune of them that committed meanwhile has rolled them up by now.
+			`DELETE FROM provider_rollup WHERE namespace = $1`,
 		} {
 			if _, err := tx.Exec(ctx, q, ns); err != nil {
 				return err

@@ -21,7 +21,9 @@ CREATE TABLE IF NOT EXISTS provider_captures (
     created_at      timestamptz NOT NULL,
     PRIMARY KEY (tenant_id, idempotency_key)
 );
-CREATE INDEX IF NOT EXISTS provider_captures_namespace ON provider_captures (namespace);
+-- A namespace's newest captures (what reconcile lists) walk this index.
+DROP INDEX IF EXISTS provider_captures_namespace;
+CREATE INDEX IF NOT EXISTS provider_captures_newest ON provider_captures (namespace, created_at DESC, seq DESC);
 CREATE INDEX IF NOT EXISTS provider_captures_run ON provider_captures (run_id);
 CREATE INDEX IF NOT EXISTS provider_captures_charge ON provider_captures (charge_id);
 
@@ -75,3 +77,20 @@ CREATE INDEX IF NOT EXISTS provider_webhooks_due ON provider_webhooks (next_atte
 CREATE INDEX IF NOT EXISTS provider_webhooks_namespace ON provider_webhooks (namespace);
 CREATE INDEX IF NOT EXISTS provider_webhooks_run ON provider_webhooks (run_id);
 CREATE INDEX IF NOT EXISTS provider_webhooks_charge ON provider_webhooks (charge_id);
+
+-- Pruning: the receipts and the delivered webhooks are deleted once older
+-- than the lab's retention, which outlasts the webhooks' window; the
+-- captures never are (the provider's ledger: what the lab is reconciled
+-- with, and the keys that keep a late retry from capturing twice), nor a
+-- pending or dead webhook. What a deleted row still counts in Stats is
+-- added here by the statement that deletes it, per namespace and run.
+CREATE TABLE IF NOT EXISTS provider_rollup (
+    namespace          text   NOT NULL,
+    run_id             text   NOT NULL,
+    receipts           bigint NOT NULL DEFAULT 0,
+    receipt_deliveries bigint NOT NULL DEFAULT 0,
+    webhooks_delivered bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (namespace, run_id)
+);
+CREATE INDEX IF NOT EXISTS provider_webhooks_done_at ON provider_webhooks (done_at) WHERE state = 'delivered';
+CREATE INDEX IF NOT EXISTS provider_receipt_events_last ON provider_receipt_events (last_received_at);

@@ -38,7 +38,10 @@ CREATE TABLE IF NOT EXISTS charges (
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS balance_after_cents bigint NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS charges_run ON charges (run_id);
 CREATE INDEX IF NOT EXISTS charges_key ON charges (tenant_id, store, idempotency_key);
-CREATE INDEX IF NOT EXISTS charges_account ON charges (tenant_id, account);
+-- An account's balance is summed from the ledger (Balance): from this
+-- index alone, not a heap page per charge.
+DROP INDEX IF EXISTS charges_account;
+CREATE INDEX IF NOT EXISTS charges_account_amount ON charges (tenant_id, account) INCLUDE (amount_cents);
 
 -- Balances, kept in the charge's transaction so a charge costs one row
 -- update instead of a sum over the account's history. Derived from the
@@ -78,7 +81,10 @@ DROP TABLE IF EXISTS provider_receipts;
 ALTER TABLE idempotency_requests ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
 CREATE INDEX IF NOT EXISTS idempotency_requests_namespace ON idempotency_requests (namespace, created_at DESC);
 ALTER TABLE charges ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
-CREATE INDEX IF NOT EXISTS charges_namespace ON charges (namespace);
+-- A namespace's newest charges (what reconcile lists) walk this index
+-- instead of sorting the namespace's whole ledger.
+DROP INDEX IF EXISTS charges_namespace;
+CREATE INDEX IF NOT EXISTS charges_namespace_created ON charges (namespace, created_at DESC, id);
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS namespace text GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED;
 CREATE INDEX IF NOT EXISTS outbox_namespace ON outbox (namespace, created_at DESC);
 -- The relay's fence: a claim stamps its random token and its lease, and only
@@ -211,3 +217,25 @@ ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS capture_id text NOT NULL DEF
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS amount_cents bigint NOT NULL DEFAULT 0;
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS currency text NOT NULL DEFAULT '';
 ALTER TABLE webhook_events ADD COLUMN IF NOT EXISTS mismatch text;
+
+-- Pruning: delivered outbox events and the webhook event ids the lab
+-- processed are deleted once older than the retention (the app's pruner,
+-- in batches); the ledger never is, nor a pending or dead event, nor a
+-- webhook event that did not match its charge (what reconcile reports).
+-- The totals a deleted event still counts in are added here by the
+-- statement that deletes it: per namespace and run, how many events were
+-- delivered, and the attempts they took beyond their first.
+CREATE TABLE IF NOT EXISTS outbox_rollup (
+    namespace text   NOT NULL,
+    run_id    text   NOT NULL,
+    delivered bigint NOT NULL,
+    retries   bigint NOT NULL,
+    PRIMARY KEY (namespace, run_id)
+);
+-- The pruner walks the delivered events oldest first; the counts read the
+-- delivered ones of a namespace from an index alone, and the others (few,
+-- whatever the table holds) from a partial index of their own.
+CREATE INDEX IF NOT EXISTS outbox_delivered_at ON outbox (delivered_at) WHERE state = 'delivered';
+CREATE INDEX IF NOT EXISTS outbox_delivered_namespace ON outbox (namespace) INCLUDE (attempts) WHERE state = 'delivered';
+CREATE INDEX IF NOT EXISTS outbox_open ON outbox (namespace) WHERE state <> 'delivered';
+CREATE INDEX IF NOT EXISTS webhook_events_received_at ON webhook_events (received_at) WHERE mismatch IS NULL;

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -19,9 +20,10 @@ type Memory struct {
 	mu       sync.Mutex
 	seq      int64 // insertion order, which breaks ties between equal times
 	captures map[captureKey]*memCapture
-	receipts map[string]*Receipt
+	receipts map[string]*memReceipt
 	pending  []*Webhook // webhooks not yet delivered or dead, in the order they were written
-	done     []*Webhook // the others, kept for Stats
+	done     []doneHook // the others, kept for Stats until pruned
+	pruned   map[rollupKey]*rollup
 }
 
 type captureKey struct{ tenant, key string }
@@ -31,9 +33,30 @@ type memCapture struct {
 	seq int64
 }
 
+// memReceipt is a receipt and when it was last received, which is what
+// its retention runs from.
+type memReceipt struct {
+	Receipt
+	last time.Time
+}
+
+// doneHook is a webhook delivered or dead, and since when.
+type doneHook struct {
+	*Webhook
+	at time.Time
+}
+
+// rollupKey and rollup are what the pruned records still count in Stats,
+// per namespace and run.
+type rollupKey struct{ ns, run string }
+
+type rollup struct{ receipts, deliveries, webhooks int }
+
+var _ Pruner = (*Memory)(nil)
+
 // NewMemory returns empty records.
 func NewMemory() *Memory {
-	return &Memory{captures: map[captureKey]*memCapture{}, receipts: map[string]*Receipt{}}
+	return &Memory{captures: map[captureKey]*memCapture{}, receipts: map[string]*memReceipt{}, pruned: map[rollupKey]*rollup{}}
 }
 
 // Capture records c once per (tenant, key), with hooks when it applies;
@@ -99,7 +122,7 @@ func (m *Memory) held(w Webhook) (int, error) {
 }
 
 // WebhookDelivered records w delivered; see Records.
-func (m *Memory) WebhookDelivered(_ context.Context, w Webhook, _ time.Time, status int) error {
+func (m *Memory) WebhookDelivered(_ context.Context, w Webhook, at time.Time, status int) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	i, err := m.held(w)
@@ -109,7 +132,7 @@ func (m *Memory) WebhookDelivered(_ context.Context, w Webhook, _ time.Time, sta
 	h := m.pending[i]
 	h.State, h.ClaimToken, h.LastStatus, h.LastError = WebhookDelivered, "", status, ""
 	m.pending = slices.Delete(m.pending, i, i+1)
-	m.done = append(m.done, h)
+	m.done = append(m.done, doneHook{Webhook: h, at: normalTime(at)})
 	return nil
 }
 
@@ -126,7 +149,7 @@ func (m *Memory) WebhookFailed(_ context.Context, w Webhook, next time.Time, dea
 	if dead {
 		h.State = WebhookDead
 		m.pending = slices.Delete(m.pending, i, i+1)
-		m.done = append(m.done, h)
+		m.done = append(m.done, doneHook{Webhook: h, at: h.NextAttempt})
 	}
 	return nil
 }
@@ -137,11 +160,12 @@ func (m *Memory) Receipt(_ context.Context, r Receipt) (bool, error) {
 	defer m.mu.Unlock()
 	if old, ok := m.receipts[r.EventID]; ok {
 		old.Deliveries++
+		old.last = normalTime(r.ReceivedAt)
 		return true, nil
 	}
 	r.Deliveries = 1
 	r.ReceivedAt = normalTime(r.ReceivedAt)
-	m.receipts[r.EventID] = &r
+	m.receipts[r.EventID] = &memReceipt{Receipt: r, last: r.ReceivedAt}
 	return false, nil
 }
 
@@ -215,6 +239,15 @@ func (m *Memory) Stats(_ context.Context, f Filter) (Stats, error) {
 			s.WebhooksDead++
 		}
 	}
+	if f.ChargeID == "" { // the roll-up knows no charge
+		for k, r := range m.pruned {
+			if f.matches(k.ns, k.run, "") {
+				s.Receipts += r.receipts
+				s.ReceiptDeliveries += r.deliveries
+				s.WebhooksDelivered += r.webhooks
+			}
+		}
+	}
 	return s, nil
 }
 
@@ -234,6 +267,62 @@ func (m *Memory) Reset(_ context.Context, ns string) error {
 	}
 	mine := func(w *Webhook) bool { return ns == "" || w.Namespace == ns }
 	m.pending = slices.DeleteFunc(m.pending, mine)
-	m.done = slices.DeleteFunc(m.done, mine)
+	m.done = slices.DeleteFunc(m.done, func(d doneHook) bool { return mine(d.Webhook) })
+	maps.DeleteFunc(m.pruned, func(k rollupKey, _ *rollup) bool { return ns == "" || k.ns == ns })
 	return nil
+}
+
+// rolled is the roll-up of a namespace's run (callers hold mu).
+func (m *Memory) rolled(ns, run string) *rollup {
+	k := rollupKey{ns, run}
+	if m.pruned[k] == nil {
+		m.pruned[k] = &rollup{}
+	}
+	return m.pruned[k]
+}
+
+// PruneReceipts deletes at most limit receipts last received before
+// before, oldest first, counting them in the roll-up; see Pruner.
+func (m *Memory) PruneReceipts(_ context.Context, before time.Time, limit int) (int, error) {
+	before = normalTime(before)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var old []*memReceipt
+	for _, r := range m.receipts {
+		if r.last.Before(before) {
+			old = append(old, r)
+		}
+	}
+	slices.SortFunc(old, func(a, b *memReceipt) int { return a.last.Compare(b.last) })
+	old = old[:min(len(old), limit)]
+	for _, r := range old {
+		ru := m.rolled(r.Namespace, r.Run)
+		ru.receipts++
+		ru.deliveries += r.Deliveries
+		delete(m.receipts, r.EventID)
+	}
+	return len(old), nil
+}
+
+// PruneWebhooks deletes at most limit webhooks delivered before before,
+// oldest first, counting them in the roll-up; see Pruner.
+func (m *Memory) PruneWebhooks(_ context.Context, before time.Time, limit int) (int, error) {
+	before = normalTime(before)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var old []doneHook
+	for _, d := range m.done {
+		if d.State == WebhookDelivered && d.at.Before(before) {
+			old = append(old, d)
+		}
+	}
+	slices.SortStableFunc(old, func(a, b doneHook) int { return a.at.Compare(b.at) })
+	old = old[:min(len(old), limit)]
+	gone := map[*Webhook]bool{}
+	for _, d := range old {
+		m.rolled(d.Namespace, d.Run).webhooks++
+		gone[d.Webhook] = true
+	}
+	m.done = slices.DeleteFunc(m.done, func(d doneHook) bool { return gone[d.Webhook] })
+	return len(old), nil
 }

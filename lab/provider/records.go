@@ -55,6 +55,19 @@ type Records interface {
 	Reset(ctx context.Context, ns string) error
 }
 
+// Pruner deletes settled records once they are older than a retention,
+// which outlasts the webhooks' window: the receipts, and the webhooks
+// delivered. Each call deletes at most limit of them, oldest first, and
+// returns how many; Stats counts them as before, from a roll-up written in
+// the same step. The captures are never pruned: they are the provider's
+// ledger, what the lab is reconciled with, and their keys keep a late
+// retry (a dead event re-queued) from capturing twice. Pending and dead
+// webhooks stay too.
+type Pruner interface {
+	PruneReceipts(ctx context.Context, before time.Time, limit int) (int, error)
+	PruneWebhooks(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
 // Webhook states.
 const (
 	WebhookPending   = "pending"   // to be sent, now or after a backoff

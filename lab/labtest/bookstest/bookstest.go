@@ -8,7 +8,9 @@ package bookstest
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -37,6 +39,8 @@ type Books interface {
 	ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookResult, error)
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
 	OldestStuck(ctx context.Context, after time.Duration) (time.Duration, error)
+	PruneDelivered(ctx context.Context, before time.Time, limit int) (int, error)
+	PruneWebhookEvents(ctx context.Context, before time.Time, limit int) (int, error)
 }
 
 // Open returns empty books of the test's own that tell time by now.
@@ -71,6 +75,7 @@ var cases = []struct {
 	{"ResetForgetsOneNamespace", resetForgetsOneNamespace},
 	{"WebhooksMoveMatchingCharges", webhooksMoveMatchingCharges},
 	{"StuckChargeAges", stuckChargeAges},
+	{"PruningKeepsTheTotals", pruningKeepsTheTotals},
 }
 
 // The namespaces of the cases: acme and globex are tenants of their own
@@ -496,5 +501,203 @@ func stuckChargeAges(t *testing.T, e *env) {
 	}
 	if d, err := e.b.OldestStuck(ctx, time.Minute); err != nil || d != 0 {
 		t.Fatalf("oldest stuck once it settled: %s (%v)", d, err)
+	}
+}
+
+// pruned is what pruning must leave as it was: the counts, the ledger and
+// what reconcile reads of each charge.
+type pruned struct {
+	outbox, all lab.OutboxStats
+	run         lab.RunStats
+	summary     []lab.StoreSummary
+	payments    map[string]lab.Payment // Outbox left out: a pruned event reads as none
+}
+
+func (e *env) prunedFigures(t *testing.T) pruned {
+	t.Helper()
+	ctx := t.Context()
+	var f pruned
+	var err error
+	if f.outbox, err = e.b.OutboxStats(ctx, acme); err != nil {
+		t.Fatal(err)
+	}
+	if f.all, err = e.b.OutboxStats(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	if f.run, err = e.b.RunStats(ctx, acme, "run-1"); err != nil {
+		t.Fatal(err)
+	}
+	if f.summary, err = e.b.Summary(ctx, acme); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := e.b.Payments(ctx, acme, "", 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.payments = map[string]lab.Payment{}
+	for _, p := range ps {
+		p.Outbox, p.Webhooks = "", 0
+		f.payments[p.ChargeID] = p
+	}
+	return f
+}
+
+// prune calls the books' prune until it deletes fewer than limit, and
+// returns what each call deleted.
+func prune(t *testing.T, f func(context.Context, time.Time, int) (int, error), before time.Time, limit int) []int {
+	t.Helper()
+	var calls []int
+	for {
+		n, err := f(t.Context(), before, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = append(calls, n)
+		if n < limit {
+			return calls
+		}
+	}
+}
+
+func pruningKeepsTheTotals(t *testing.T, e *env) {
+	ctx := t.Context()
+	// At t0 seven charges: acme's 0..5 in run-1, globex's one. Their
+	// events are claimed; 1, 2 and globex's are delivered, 0 fails, 5 dies.
+	var as []lab.Apply
+	for i := range 6 {
+		as = append(as, e.charge(acme, "k"+strconv.Itoa(i), "run-1", int64(100+i)))
+	}
+	g := e.charge(globex, "g1", "run-g", 100)
+	cs := map[string]lab.Charge{}
+	for _, a := range append(as, g) {
+		cs[a.Entry.ChargeID] = e.apply(t, a)
+	}
+	t0 := e.clock.Now()
+	claimed, err := e.b.ClaimDue(ctx, 10, time.Minute)
+	if err != nil || len(claimed) != 7 {
+		t.Fatalf("claim: %d events (%v), want 7", len(claimed), err)
+	}
+	token := map[string]string{}
+	for _, ev := range claimed {
+		token[ev.ID] = ev.ClaimToken
+	}
+	deliver := func(a lab.Apply) { t.Helper(); must(t, e.b.MarkDelivered(ctx, a.Event.ID, token[a.Event.ID])) }
+	deliver(as[1])
+	deliver(as[2])
+	deliver(g)
+	must(t, e.b.MarkFailed(ctx, as[0].Event.ID, token[as[0].Event.ID], t0.Add(time.Hour), false, "provider unavailable"))
+	must(t, e.b.MarkFailed(ctx, as[5].Event.ID, token[as[5].Event.ID], t0, true, "gave up"))
+	// Two webhooks at t0: one moves charge 1, one of charge 2 mismatches.
+	c1, c2 := cs[as[1].Entry.ChargeID], cs[as[2].Entry.ChargeID]
+	must(t, e.b.RecordCapture(ctx, acme, c1.ID, "acme", "cap-1"))
+	must(t, e.b.RecordCapture(ctx, acme, c2.ID, "acme", "cap-2"))
+	if _, err := e.b.ApplyWebhook(ctx, webhook("evt-1", lab.WebhookCaptureSucceeded, c1, "acme", "cap-1", t0)); err != nil {
+		t.Fatal(err)
+	}
+	wrong := webhook("evt-2", lab.WebhookCaptureSucceeded, c2, "acme", "cap-2", t0)
+	wrong.AmountCents++
+	if r, err := e.b.ApplyWebhook(ctx, wrong); err != nil || r.Mismatch == "" {
+		t.Fatalf("the mismatched webhook: %+v (%v)", r, err)
+	}
+
+	// An hour on (t1): 0 is retried, 3 and 4 claimed again after their
+	// lease; all three are delivered on their second attempt. A webhook
+	// of charge 3, and a seventh charge whose event waits.
+	e.clock.Advance(time.Hour)
+	t1 := e.clock.Now()
+	again, err := e.b.ClaimDue(ctx, 10, time.Minute)
+	if err != nil || len(again) != 3 {
+		t.Fatalf("second claim: %d events (%v), want 0, 3 and 4", len(again), err)
+	}
+	for _, ev := range again {
+		must(t, e.b.MarkDelivered(ctx, ev.ID, ev.ClaimToken))
+	}
+	c3 := cs[as[3].Entry.ChargeID]
+	must(t, e.b.RecordCapture(ctx, acme, c3.ID, "acme", "cap-3"))
+	if _, err := e.b.ApplyWebhook(ctx, webhook("evt-3", lab.WebhookCaptureSucceeded, c3, "acme", "cap-3", t1)); err != nil {
+		t.Fatal(err)
+	}
+	waiting := e.charge(acme, "k6", "run-1", 106)
+	e.apply(t, waiting)
+
+	before := e.prunedFigures(t)
+	if before.outbox != (lab.OutboxStats{Pending: 1, Delivered: 5, Dead: 1, Retries: 3}) {
+		t.Fatalf("acme's outbox before pruning %+v", before.outbox)
+	}
+	// Half an hour on, with a retention of half an hour: only what was
+	// delivered or received at t0 is older than it.
+	e.clock.Advance(30 * time.Minute)
+	cutoff := e.clock.Now().Add(-30 * time.Minute)
+	if calls := prune(t, e.b.PruneDelivered, cutoff, 2); !slices.Equal(calls, []int{2, 1}) {
+		t.Fatalf("pruning delivered events two at a time deleted %v, want [2 1]: 1, 2 and globex's", calls)
+	}
+	if calls := prune(t, e.b.PruneWebhookEvents, cutoff, 10); !slices.Equal(calls, []int{1}) {
+		t.Fatalf("pruning webhook events deleted %v, want [1]: evt-1 (evt-2 mismatched, evt-3 is younger)", calls)
+	}
+	after := e.prunedFigures(t)
+	after.outbox.OldestPendingAge, before.outbox.OldestPendingAge = 0, 0
+	after.all.OldestPendingAge, before.all.OldestPendingAge = 0, 0
+	if after.outbox != before.outbox || after.all != before.all || after.run != before.run {
+		t.Fatalf("pruning moved the counts: acme %+v → %+v, all %+v → %+v, run %+v → %+v",
+			before.outbox, after.outbox, before.all, after.all, before.run, after.run)
+	}
+	if !slices.Equal(after.summary, before.summary) || len(after.payments) != 7 {
+		t.Fatalf("pruning touched the ledger: %+v → %+v, %d charges", before.summary, after.summary, len(after.payments))
+	}
+	for id, p := range before.payments {
+		if after.payments[id] != p {
+			t.Errorf("charge %s read by reconcile: %+v → %+v", id, p, after.payments[id])
+		}
+	}
+	evs, err := e.b.Events(ctx, acme, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]string{}
+	for _, ev := range evs {
+		left[ev.ID] = ev.State
+	}
+	want := map[string]string{as[0].Event.ID: lab.EventDelivered, as[3].Event.ID: lab.EventDelivered, as[4].Event.ID: lab.EventDelivered,
+		as[5].Event.ID: lab.EventDead, waiting.Event.ID: lab.EventPending}
+	if !maps.Equal(left, want) {
+		t.Fatalf("events left %v, want %v", left, want)
+	}
+	// Within the window, a redelivered webhook is still a duplicate.
+	if r, err := e.b.ApplyWebhook(ctx, webhook("evt-3", lab.WebhookCaptureSucceeded, c3, "acme", "cap-3", e.clock.Now())); err != nil || !r.Duplicate {
+		t.Fatalf("evt-3 redelivered: %+v (%v), want a duplicate", r, err)
+	}
+
+	// Much later everything delivered goes; the dead and the pending
+	// events stay, and the counts hold.
+	e.clock.Advance(24 * time.Hour)
+	if calls := prune(t, e.b.PruneDelivered, e.clock.Now(), 1000); !slices.Equal(calls, []int{3}) {
+		t.Fatalf("the second pass deleted %v, want [3]", calls)
+	}
+	later := e.prunedFigures(t)
+	later.outbox.OldestPendingAge, later.all.OldestPendingAge = 0, 0
+	if later.outbox != before.outbox || later.all != before.all || later.run != before.run {
+		t.Fatalf("the second pass moved the counts: %+v → %+v, %+v → %+v", before.outbox, later.outbox, before.run, later.run)
+	}
+	if evs, err := e.b.Events(ctx, acme, 10); err != nil || len(evs) != 2 {
+		t.Fatalf("events left %+v (%v), want the dead one and the pending one", evs, err)
+	}
+	if _, err := e.b.Requeue(ctx, acme, as[5].Event.ID); err != nil {
+		t.Fatalf("the dead event, re-queued after pruning: %v", err)
+	}
+
+	// A reset forgets the namespace's roll-up, and only its own.
+	must(t, e.b.Reset(ctx, acme))
+	if st, err := e.b.OutboxStats(ctx, acme); err != nil || st != (lab.OutboxStats{}) {
+		t.Fatalf("acme's outbox after its reset %+v (%v), want nothing", st, err)
+	}
+	if s, err := e.b.RunStats(ctx, acme, "run-1"); err != nil || s != (lab.RunStats{}) {
+		t.Fatalf("acme's run after its reset %+v (%v), want nothing", s, err)
+	}
+	if st, err := e.b.OutboxStats(ctx, globex); err != nil || st.Delivered != 1 {
+		t.Fatalf("globex's outbox after acme's reset %+v (%v), want its pruned delivery", st, err)
+	}
+	must(t, e.b.Reset(ctx, ""))
+	if st, err := e.b.OutboxStats(ctx, ""); err != nil || st != (lab.OutboxStats{}) {
+		t.Fatalf("the outbox after a reset of everything %+v (%v)", st, err)
 	}
 }
