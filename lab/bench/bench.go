@@ -2,9 +2,12 @@
 // (vegeta, a fixed number of connections, as fast as they go), checks every
 // loaded phase against the ledger, and sets each figure beside a ceiling
 // measured in the same run: pgbench on the postgres store's own statements,
-// redis-benchmark on the redis store's replay command, and a bare Echo
-// handler for HTTP itself. `lab bench` (cmd/lab) starts the lab and prints
-// the result.
+// redis-benchmark on the redis store's replay command, a bare Echo handler
+// for HTTP itself, and the serial bound of HTTP and the store together. It
+// can run it all in rounds and report medians and spreads, and then holds
+// each keyed store's fresh charges at fixed rates with the outbox relay
+// running, sampling the outbox's lag. `lab bench` (cmd/lab) starts the lab
+// and prints the result.
 package bench
 
 import (
