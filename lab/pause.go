@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -158,4 +159,29 @@ type KeyInspection struct {
 	// Shared says the key lives outside the replica (a database, Redis):
 	// every replica's store sees the same, so it is read once.
 	Shared bool `json:"shared,omitempty"`
+}
+
+// Span is a duration as a reader of a key's state says it: "350 ms",
+// "29.8 s", "4 m 10 s", "23 h 59 m".
+func Span(d time.Duration) string {
+	d = max(d, 0)
+	if d < time.Second {
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	}
+	d = d.Round(100 * time.Millisecond) // 59.97 s is "1 m 0 s", not "60.0 s"
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%d m %d s", int(d.Minutes()), int(d.Seconds())%60)
+	}
+	return fmt.Sprintf("%d h %d m", int(d.Hours()), int(d.Minutes())%60)
+}
+
+// ShortFingerprint is a fingerprint's first 12 characters.
+func ShortFingerprint(fp string) string {
+	if len(fp) > 12 {
+		return fp[:12] + "…"
+	}
+	return fp
 }

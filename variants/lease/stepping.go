@@ -129,10 +129,10 @@ func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, e
 	in.Facts = append(in.Facts, fmt.Sprintf("token %d, won by %s", r.token, s.holder(sc, r.token)))
 	switch {
 	case r.state == lab.KeyInFlight && now.Before(r.leaseExpires):
-		in.Facts = append(in.Facts, "lease ends in "+span(r.leaseExpires.Sub(now)), "its charge will be "+r.chargeID)
+		in.Facts = append(in.Facts, "lease ends in "+lab.Span(r.leaseExpires.Sub(now)), "its charge will be "+r.chargeID)
 	case r.state == lab.KeyInFlight:
 		in.Facts = append(in.Facts, fmt.Sprintf("lease ended %s ago: the next attempt takes the key over with a higher token, "+
-			"and a write with token %d will be fenced", span(now.Sub(r.leaseExpires)), r.token))
+			"and a write with token %d will be fenced", lab.Span(now.Sub(r.leaseExpires)), r.token))
 	case r.status != nil:
 		in.Facts = append(in.Facts, "completed: "+answered(*r.status, r.body))
 	}
@@ -142,15 +142,15 @@ func (s *Store) Inspect(ctx context.Context, sc lab.Scope) (lab.KeyInspection, e
 	case fenced > 1:
 		in.Facts = append(in.Facts, fmt.Sprintf("%d writes were fenced, the latest with stale token %d", fenced, stale))
 	}
-	in.Facts = append(in.Facts, "fingerprint "+short(r.fingerprint))
+	in.Facts = append(in.Facts, "fingerprint "+lab.ShortFingerprint(r.fingerprint))
 	if now.Before(retentionEnds) {
-		in.Facts = append(in.Facts, "expires in "+span(retentionEnds.Sub(now)))
+		in.Facts = append(in.Facts, "expires in "+lab.Span(retentionEnds.Sub(now)))
 	} else {
 		then := "the next attempt takes the key over"
 		if r.state != lab.KeyCompleted {
 			then = "a sweep deletes the row"
 		}
-		in.Facts = append(in.Facts, fmt.Sprintf("its retention ended %s ago: %s", span(now.Sub(retentionEnds)), then))
+		in.Facts = append(in.Facts, fmt.Sprintf("its retention ended %s ago: %s", lab.Span(now.Sub(retentionEnds)), then))
 	}
 	return in, nil
 }
@@ -170,31 +170,6 @@ func answered(status int, body []byte) string {
 		return fmt.Sprintf("%d %s, the order's charge %s", status, b.Code, b.ChargeID)
 	}
 	return fmt.Sprint(status)
-}
-
-// short is a fingerprint's first 12 digits.
-func short(fp string) string {
-	if len(fp) > 12 {
-		return fp[:12] + "…"
-	}
-	return fp
-}
-
-// span is a duration as a reader says it: "350 ms", "29.8 s", "4 m 10 s",
-// "23 h 59 m".
-func span(d time.Duration) string {
-	d = max(d, 0)
-	if d < time.Second {
-		return fmt.Sprintf("%d ms", d.Milliseconds())
-	}
-	d = d.Round(100 * time.Millisecond) // 59.97 s is "1 m 0 s", not "60.0 s"
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%.1f s", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%d m %d s", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return fmt.Sprintf("%d h %d m", int(d.Hours()), int(d.Minutes())%60)
 }
 
 var (

@@ -161,13 +161,13 @@ func (h held) inspection(now time.Time) lab.KeyInspection {
 		in.Facts = []string{"no entry: the next attempt claims the key"}
 		return in
 	case h.state != inFlight && !now.Before(h.expires):
-		in.Facts = []string{fmt.Sprintf("its retention ended %s ago: the next attempt claims the key anew", span(now.Sub(h.expires)))}
+		in.Facts = []string{fmt.Sprintf("its retention ended %s ago: the next attempt claims the key anew", lab.Span(now.Sub(h.expires)))}
 		return in
 	}
 	switch h.state {
 	case inFlight:
 		in.State = lab.KeyInFlight
-		in.Facts = append(in.Facts, fmt.Sprintf("claimed by %s %s ago, no response stored yet", who(h.holder), span(now.Sub(h.created))))
+		in.Facts = append(in.Facts, fmt.Sprintf("claimed by %s %s ago, no response stored yet", who(h.holder), lab.Span(now.Sub(h.created))))
 		if h.inherited {
 			in.Facts = append(in.Facts, "it retries charge "+h.chargeID+", whose outcome was lost")
 		} else {
@@ -185,9 +185,9 @@ func (h held) inspection(now time.Time) lab.KeyInspection {
 		in.Facts = append(in.Facts, "completed"+by+": "+answered(h.resp))
 	}
 	if h.state != inFlight {
-		in.Facts = append(in.Facts, "expires in "+span(h.expires.Sub(now)))
+		in.Facts = append(in.Facts, "expires in "+lab.Span(h.expires.Sub(now)))
 	}
-	in.Facts = append(in.Facts, "fingerprint "+short(h.fingerprint))
+	in.Facts = append(in.Facts, "fingerprint "+lab.ShortFingerprint(h.fingerprint))
 	return in
 }
 
@@ -215,31 +215,6 @@ func answered(r lab.Response) string {
 		return fmt.Sprintf("%d %s, the order's charge %s", r.Status, b.Code, b.ChargeID)
 	}
 	return fmt.Sprint(r.Status)
-}
-
-// short is a fingerprint's first 12 digits.
-func short(fp string) string {
-	if len(fp) > 12 {
-		return fp[:12] + "…"
-	}
-	return fp
-}
-
-// span is a duration as a reader says it: "350 ms", "29.8 s", "4 m 10 s",
-// "23 h 59 m".
-func span(d time.Duration) string {
-	d = max(d, 0)
-	if d < time.Second {
-		return fmt.Sprintf("%d ms", d.Milliseconds())
-	}
-	d = d.Round(100 * time.Millisecond) // 59.97 s is "1 m 0 s", not "60.0 s"
-	switch {
-	case d < time.Minute:
-		return fmt.Sprintf("%.1f s", d.Seconds())
-	case d < time.Hour:
-		return fmt.Sprintf("%d m %d s", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return fmt.Sprintf("%d h %d m", int(d.Hours()), int(d.Minutes())%60)
 }
 
 // Both paths are what a stepped run reads and moves.
