@@ -16,47 +16,6 @@ import (
 	"github.com/idempotency-lab/lab/variants/lease"
 )
 
-// stepGate holds one stepped attempt for a test: each point it reaches is
-// sent on reached, and it moves on when the test says so.
-type stepGate struct {
-	name     string
-	reached  chan lab.PausePoint
-	turn     chan struct{}
-	waitEnds chan struct{}
-}
-
-func newStepGate(name string) *stepGate {
-	return &stepGate{name: name, reached: make(chan lab.PausePoint, 8), turn: make(chan struct{}), waitEnds: make(chan struct{})}
-}
-
-func (g *stepGate) Reach(ctx context.Context, p lab.PausePoint) error {
-	g.reached <- p
-	select {
-	case <-g.turn:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-func (g *stepGate) Name() string              { return g.name }
-func (g *stepGate) WaitEnds() <-chan struct{} { return g.waitEnds }
-
-// at waits until the attempt stands at want.
-func (g *stepGate) at(t *testing.T, want lab.PausePoint) {
-	t.Helper()
-	select {
-	case got := <-g.reached:
-		if got != want {
-			t.Fatalf("%s reached %s, want %s", g.name, got, want)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not reach %s within 10s", g.name, want)
-	}
-}
-
-// move lets the attempt go on from where it stands.
-func (g *stepGate) move() { g.turn <- struct{}{} }
-
 type answer struct {
 	out lab.Outcome
 	err error
@@ -138,13 +97,13 @@ func TestSteppedStaleWorkerIsFenced(t *testing.T) {
 	ctx := t.Context()
 	const key = "k-step-fenced"
 	a := attempt(key, lab.Faults{})
-	g1, g2 := newStepGate("step-f/1"), newStepGate("step-f/2")
+	g1, g2 := labtest.NewStepGate("step-f/1"), labtest.NewStepGate("step-f/2")
 	inspect(t, s, a.Scope, lab.KeyAbsent, "no row")
 
 	first := charge(lab.WithStepGate(ctx, g1), s, a) // 1: sent
-	g1.at(t, lab.PointBeforeClaim)
-	g1.move() // 1: claims
-	g1.at(t, lab.PointAfterClaim)
+	g1.At(t, lab.PointBeforeClaim)
+	g1.Move() // 1: claims
+	g1.At(t, lab.PointAfterClaim)
 	stale := signals.WaitClaimed(t)
 	inspect(t, s, a.Scope, lab.KeyInFlight, "token "+strconv.FormatInt(stale, 10)+", won by attempt 1 (step-f/1)", "lease ends in 1 m 0 s")
 
@@ -157,23 +116,23 @@ func TestSteppedStaleWorkerIsFenced(t *testing.T) {
 	}
 
 	second := charge(lab.WithStepGate(ctx, g2), s, a) // 2: sent
-	g2.at(t, lab.PointBeforeClaim)
-	g2.move() // 2: takes over
-	g2.at(t, lab.PointAfterClaim)
+	g2.At(t, lab.PointBeforeClaim)
+	g2.Move() // 2: takes over
+	g2.At(t, lab.PointAfterClaim)
 	taken := signals.WaitClaimed(t)
 	if taken <= stale {
 		t.Fatalf("the take-over won token %d, want one above %d", taken, stale)
 	}
 	inspect(t, s, a.Scope, lab.KeyInFlight, "token "+strconv.FormatInt(taken, 10)+", won by attempt 2 (step-f/2)", "lease ends in")
 
-	g2.move() // 2: writes, charges, answers
+	g2.Move() // 2: writes, charges, answers
 	took := answerOf(t, "attempt 2", second)
 	if took.err != nil || took.out.Replayed || took.out.Response.Status != http.StatusCreated {
 		t.Fatalf("attempt 2: %+v %v; want its own 201", took.out, took.err)
 	}
 	inspect(t, s, a.Scope, lab.KeyCompleted, "completed: 201, charge ch_")
 
-	g1.move() // 1: writes with the stale token, fenced
+	g1.Move() // 1: writes with the stale token, fenced
 	fenced := answerOf(t, "attempt 1", first)
 	if fenced.err != nil || !fenced.out.Replayed || string(fenced.out.Response.Body) != string(took.out.Response.Body) {
 		t.Fatalf("attempt 1: %+v %v; want attempt 2's charge replayed to it", fenced.out, fenced.err)
@@ -201,17 +160,17 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 	ctx := t.Context()
 	const key = "k-step-wait"
 	a := attempt(key, lab.Faults{})
-	g1, g2 := newStepGate("step-w/1"), newStepGate("step-w/2")
+	g1, g2 := labtest.NewStepGate("step-w/1"), labtest.NewStepGate("step-w/2")
 	first := charge(lab.WithStepGate(ctx, g1), s, a)
-	g1.at(t, lab.PointBeforeClaim)
-	g1.move()
-	g1.at(t, lab.PointAfterClaim)
+	g1.At(t, lab.PointBeforeClaim)
+	g1.Move()
+	g1.At(t, lab.PointAfterClaim)
 	token := signals.WaitClaimed(t)
 
 	second := charge(lab.WithStepGate(ctx, g2), s, a)
-	g2.at(t, lab.PointBeforeClaim)
-	g2.move() // finds the live claim and polls it
-	close(g2.waitEnds)
+	g2.At(t, lab.PointBeforeClaim)
+	g2.Move() // finds the live claim and polls it
+	g2.EndWaits()
 	if err := s.MakeHappen(ctx, a.Scope, lab.EventWait); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +179,7 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 		t.Fatalf("attempt 2 after the wait move: %+v %v; want 202 pending on token %d", ans.out, ans.err, token)
 	}
 
-	g1.move()
+	g1.Move()
 	if done := answerOf(t, "attempt 1", first); done.err != nil || done.out.Response.Status != http.StatusCreated {
 		t.Fatalf("attempt 1: %+v %v", done.out, done.err)
 	}
@@ -250,12 +209,12 @@ func TestSteppedAttemptGivingUpReleasesItsClaim(t *testing.T) {
 	signals := lease.ArmSignals(s)
 	const key = "k-step-abort"
 	a := attempt(key, lab.Faults{})
-	g := newStepGate("step-a/1")
+	g := labtest.NewStepGate("step-a/1")
 	ctx, abort := context.WithCancel(lab.WithStepGate(t.Context(), g))
 	done := charge(ctx, s, a)
-	g.at(t, lab.PointBeforeClaim)
-	g.move()
-	g.at(t, lab.PointAfterClaim)
+	g.At(t, lab.PointBeforeClaim)
+	g.Move()
+	g.At(t, lab.PointAfterClaim)
 	signals.WaitClaimed(t)
 	abort()
 	if ans := answerOf(t, "the aborted attempt", done); !errors.Is(ans.err, context.Canceled) {

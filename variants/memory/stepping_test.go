@@ -10,44 +10,9 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 )
-
-// stepGate holds one stepped attempt for a test: each point it reaches is
-// sent on reached, and it moves on when the test says so.
-type stepGate struct {
-	name     string
-	reached  chan lab.PausePoint
-	turn     chan struct{}
-	waitEnds chan struct{}
-}
-
-func newStepGate(name string) *stepGate {
-	return &stepGate{name: name, reached: make(chan lab.PausePoint, 8), turn: make(chan struct{}), waitEnds: make(chan struct{})}
-}
-
-func (g *stepGate) Reach(ctx context.Context, p lab.PausePoint) error {
-	g.reached <- p
-	select {
-	case <-g.turn:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-func (g *stepGate) Name() string              { return g.name }
-func (g *stepGate) WaitEnds() <-chan struct{} { return g.waitEnds }
-
-// at waits until the attempt stands at want.
-func (g *stepGate) at(t *testing.T, want lab.PausePoint) {
-	t.Helper()
-	if got := <-g.reached; got != want {
-		t.Fatalf("%s reached %s, want %s", g.name, got, want)
-	}
-}
-
-// move lets the attempt go on from where it stands.
-func (g *stepGate) move() { g.turn <- struct{}{} }
 
 // answer is a Charge's result.
 type answer struct {
@@ -89,24 +54,24 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 			a := attempt("k-step", 100)
 			inspect(t, s, a.Scope, lab.KeyAbsent, "no entry")
 
-			g1, g2 := newStepGate("step-t/1"), newStepGate("step-t/2")
+			g1, g2 := labtest.NewStepGate("step-t/1"), labtest.NewStepGate("step-t/2")
 			first := charge(lab.WithStepGate(bg, g1), s, a)
-			g1.at(t, lab.PointBeforeClaim)
-			g1.move()
-			g1.at(t, lab.PointAfterClaim)
+			g1.At(t, lab.PointBeforeClaim)
+			g1.Move()
+			g1.At(t, lab.PointAfterClaim)
 			inspect(t, s, a.Scope, lab.KeyInFlight, "claimed by attempt 1 (step-t/1)")
 
 			start := time.Now()
 			second := charge(lab.WithStepGate(bg, g2), s, a)
-			g2.at(t, lab.PointBeforeClaim)
-			g2.move()
+			g2.At(t, lab.PointBeforeClaim)
+			g2.Move()
 			synctest.Wait() // attempt 2 waits on attempt 1's claim
 			select {
 			case ans := <-second:
 				t.Fatalf("attempt 2 answered before the wait move: %+v", ans)
 			default:
 			}
-			close(g2.waitEnds) // the "wait" move
+			g2.EndWaits() // the "wait" move
 			ans := <-second
 			var busy *lab.InProgressError
 			if !errors.As(ans.err, &busy) {
@@ -123,9 +88,9 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 			}
 			inspect(t, s, a.Scope, lab.KeyInFlight, "attempt 1") // a claim's window starts when it settles
 
-			g1.move()
-			g1.at(t, lab.PointAfterCharge)
-			g1.move()
+			g1.Move()
+			g1.At(t, lab.PointAfterCharge)
+			g1.Move()
 			if ans := <-first; ans.err != nil || ans.out.Replayed || ans.out.Response.Status != 201 {
 				t.Fatalf("attempt 1: %+v, want its own 201", ans)
 			}
@@ -161,12 +126,12 @@ func TestSteppedAttemptGivingUpReleasesItsClaim(t *testing.T) {
 		books := inmem.NewBooks(time.Now)
 		s := newStore(t, memory.Config{Ledger: books})
 		a := attempt("k-abort", 100)
-		g := newStepGate("step-t/1")
+		g := labtest.NewStepGate("step-t/1")
 		ctx, abort := context.WithCancel(lab.WithStepGate(t.Context(), g))
 		done := charge(ctx, s, a)
-		g.at(t, lab.PointBeforeClaim)
-		g.move()
-		g.at(t, lab.PointAfterClaim)
+		g.At(t, lab.PointBeforeClaim)
+		g.Move()
+		g.At(t, lab.PointAfterClaim)
 		abort()
 		if ans := <-done; !errors.Is(ans.err, context.Canceled) {
 			t.Fatalf("the aborted attempt: %+v, want its context's end", ans)
