@@ -70,7 +70,7 @@ func TestPrunerKeepsTheCounts(t *testing.T) {
 	}
 	ctx := t.Context()
 	books := a.Books()
-	waitFor(t, "the event delivered and the charge settled", func() bool {
+	labtest.Eventually(t, "the event delivered and the charge settled", func() bool {
 		st, err := books.OutboxStats(ctx, "acme")
 		ps, perr := books.Payments(ctx, "acme", "", 10)
 		return err == nil && perr == nil && st.Delivered == 1 && len(ps) == 1 && ps[0].State == lab.PaymentSucceeded
@@ -80,7 +80,7 @@ func TestPrunerKeepsTheCounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Advance(cfg.PruneAfter + time.Minute)
-	waitFor(t, "the delivered event pruned", func() bool {
+	labtest.Eventually(t, "the delivered event pruned", func() bool {
 		evs, err := books.Events(ctx, "acme", 10)
 		return err == nil && len(evs) == 0
 	})
@@ -92,15 +92,4 @@ func TestPrunerKeepsTheCounts(t *testing.T) {
 		t.Fatalf("the ledger after pruning: %+v (%v), want the charge, succeeded", ps, err)
 	}
 	closeLab()
-}
-
-func waitFor(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 10s for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
