@@ -66,11 +66,25 @@ type Webhook struct {
 	ChargeID   string
 	Tenant     string
 	ReceivedAt time.Time
-	// The capture the event is about, as the provider tells it.
+	// The capture the event is about, as the provider tells it, and the
+	// idempotency key of the call that made it.
 	CaptureID   string
+	CaptureKey  string
 	AmountCents int64
 	Currency    string
 }
+
+// OwnCapture reports whether w's capture was made under the key the relay
+// derives from its charge: the lab's own capture call, whose answer may
+// still be on its way to the relay. The provider signs the webhook, key
+// included, so it is as good as that answer.
+func (w Webhook) OwnCapture() bool {
+	return w.CaptureKey != "" && w.CaptureKey == DerivedCaptureKey(w.ChargeID)
+}
+
+// RecordsCapture reports whether applying w, matched, records its capture:
+// the lab has recorded none of the charge yet, and w's is its own.
+func (w Webhook) RecordsCapture(c ChargeTerms) bool { return len(c.Captures) == 0 && w.OwnCapture() }
 
 // WebhookResult is what processing a webhook did.
 type WebhookResult struct {
@@ -97,7 +111,9 @@ type ChargeTerms struct {
 // it. It returns "" when w may drive the state machine, or why not: the
 // amount or currency differ, or its capture is not one the lab recorded
 // (the charge has others). When the lab has recorded no capture of the
-// charge yet and w would move it, it returns ErrCaptureNotRecorded: the
+// charge yet, w's own key says whether it is the relay's capture (then it
+// matches, and is recorded with it: RecordsCapture); without that key and
+// when w would move the charge, it returns ErrCaptureNotRecorded: the
 // capture may be the relay's, whose answer is still on its way, or one the
 // relay never made; either way the charge stays as it is.
 func MatchWebhook(w Webhook, c ChargeTerms) (string, error) {
@@ -109,6 +125,9 @@ func MatchWebhook(w Webhook, c ChargeTerms) (string, error) {
 	}
 	if len(c.Captures) > 0 {
 		return fmt.Sprintf("capture %q is not the lab's capture of this charge (%s)", w.CaptureID, c.Captures[len(c.Captures)-1]), nil
+	}
+	if w.OwnCapture() {
+		return "", nil
 	}
 	next, err := NextPaymentState(c.State, w.Type)
 	if err != nil {

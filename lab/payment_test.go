@@ -52,27 +52,43 @@ func TestMatchWebhook(t *testing.T) {
 	hook := func(typ, capture string, cents int64, currency string) lab.Webhook {
 		return lab.Webhook{EventID: "evt", Type: typ, ChargeID: "ch", CaptureID: capture, AmountCents: cents, Currency: currency}
 	}
+	own := func(w lab.Webhook) lab.Webhook {
+		w.CaptureKey = lab.DerivedCaptureKey(w.ChargeID)
+		return w
+	}
+	foreign := func(w lab.Webhook) lab.Webhook {
+		w.CaptureKey = "rnd_1"
+		return w
+	}
 	for _, c := range []struct {
 		name     string
 		w        lab.Webhook
 		terms    lab.ChargeTerms
 		mismatch bool
 		err      error
+		records  bool // the capture is recorded with the webhook
 	}{
-		{"TheLabsCapture", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1"), false, nil},
-		{"OneCent", hook(lab.WebhookCaptureSucceeded, "cap_1", 1, "USD"), terms(lab.PaymentPending, "cap_1"), true, nil},
-		{"AnotherCurrency", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "EUR"), terms(lab.PaymentPending, "cap_1"), true, nil},
-		{"AnotherCapture", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1"), true, nil},
-		{"AnotherCaptureOfAPaidCharge", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentSucceeded, "cap_1"), true, nil},
-		{"NoneRecordedWouldMove", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending), false, lab.ErrCaptureNotRecorded},
-		{"NoneRecordedMovesNothing", hook(lab.WebhookCaptureProcessing, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending), false, nil},
-		{"NoneRecordedOneCent", hook(lab.WebhookCaptureSucceeded, "cap_2", 1, "USD"), terms(lab.PaymentPending), true, nil},
-		{"OneOfTwo", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1", "cap_2"), false, nil},
+		{"TheLabsCapture", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1"), false, nil, false},
+		{"OneCent", hook(lab.WebhookCaptureSucceeded, "cap_1", 1, "USD"), terms(lab.PaymentPending, "cap_1"), true, nil, false},
+		{"AnotherCurrency", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "EUR"), terms(lab.PaymentPending, "cap_1"), true, nil, false},
+		{"AnotherCapture", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1"), true, nil, false},
+		{"AnotherCaptureOfAPaidCharge", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentSucceeded, "cap_1"), true, nil, false},
+		{"NoneRecordedWouldMove", hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending), false, lab.ErrCaptureNotRecorded, false},
+		{"NoneRecordedMovesNothing", hook(lab.WebhookCaptureProcessing, "cap_2", 1_000_000, "USD"), terms(lab.PaymentPending), false, nil, false},
+		{"NoneRecordedOneCent", hook(lab.WebhookCaptureSucceeded, "cap_2", 1, "USD"), terms(lab.PaymentPending), true, nil, false},
+		{"OneOfTwo", hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD"), terms(lab.PaymentPending, "cap_1", "cap_2"), false, nil, false},
+		{"NoneRecordedTheLabsKey", own(hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD")), terms(lab.PaymentPending), false, nil, true},
+		{"NoneRecordedTheLabsKeyOneCent", own(hook(lab.WebhookCaptureSucceeded, "cap_1", 1, "USD")), terms(lab.PaymentPending), true, nil, true},
+		{"NoneRecordedAnotherKey", foreign(hook(lab.WebhookCaptureSucceeded, "cap_1", 1_000_000, "USD")), terms(lab.PaymentPending), false, lab.ErrCaptureNotRecorded, false},
+		{"AnotherCaptureUnderTheLabsKey", own(hook(lab.WebhookCaptureFailed, "cap_2", 1_000_000, "USD")), terms(lab.PaymentPending, "cap_1"), true, nil, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			mismatch, err := lab.MatchWebhook(c.w, c.terms)
 			if (mismatch != "") != c.mismatch || !errors.Is(err, c.err) || (c.err == nil && err != nil) {
 				t.Fatalf("MatchWebhook = %q, %v; want mismatch %v, err %v", mismatch, err, c.mismatch, c.err)
+			}
+			if got := c.w.RecordsCapture(c.terms); got != c.records {
+				t.Fatalf("RecordsCapture = %v, want %v", got, c.records)
 			}
 		})
 	}

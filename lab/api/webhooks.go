@@ -26,6 +26,7 @@ type providerEvent struct {
 		ChargeID    string `json:"charge_id"`
 		Tenant      string `json:"tenant"`
 		CaptureID   string `json:"capture_id"`
+		CaptureKey  string `json:"idempotency_key"`
 		AmountCents int64  `json:"amount_cents"`
 		Currency    string `json:"currency"`
 	} `json:"data"`
@@ -37,13 +38,13 @@ var (
 	errUnknownCharge = problem(http.StatusNotFound, "charge_not_found", "Charge not found",
 		"the webhook names a charge this ledger does not hold; nothing was recorded, so a later retry is processed")
 	errCaptureNotRecorded = problem(http.StatusConflict, "capture_not_recorded", "Capture not recorded",
-		"the webhook would move a charge of which the lab has recorded no capture; nothing was recorded: a retry moves it "+
-			"only once the lab's own capture call recorded this very capture")
+		"the webhook would move a charge of which the lab has recorded no capture, and its capture was not made under the lab's own key; "+
+			"nothing was recorded: a retry moves it only once the lab's own capture call recorded this very capture")
 )
 
 // providerWebhook is POST /webhooks/provider: a verified event that
-// matches its charge (amount, currency, and a capture the lab recorded)
-// moves it through the payment state machine, once per event id, in one
+// matches its charge (amount, currency, and a capture the lab recorded or
+// made under its own key) moves it through the payment state machine, once per event id, in one
 // transaction; one that does not is recorded as a mismatch and moves
 // nothing. The charge is paid only through this route.
 func (s *Server) providerWebhook(c echo.Context) error {
@@ -63,7 +64,7 @@ func (s *Server) providerWebhook(c echo.Context) error {
 	}
 	res, err := s.deps.Books.ApplyWebhook(c.Request().Context(), lab.Webhook{
 		EventID: ev.EventID, Type: ev.Type, ChargeID: ev.Data.ChargeID, Tenant: ev.Data.Tenant, ReceivedAt: s.cfg.Clock().UTC(),
-		CaptureID: ev.Data.CaptureID, AmountCents: ev.Data.AmountCents, Currency: ev.Data.Currency,
+		CaptureID: ev.Data.CaptureID, CaptureKey: ev.Data.CaptureKey, AmountCents: ev.Data.AmountCents, Currency: ev.Data.Currency,
 	})
 	switch {
 	case errors.Is(err, lab.ErrUnknownCharge):

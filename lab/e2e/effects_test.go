@@ -374,6 +374,17 @@ func TestWebhookRoute(t *testing.T) {
 			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); ps[0].State != lab.PaymentPending || ps[0].Webhooks != 0 || ps[0].Mismatched != 1 {
 				t.Fatalf("after a mismatch and an unrecorded capture: %+v, want pending, one mismatch", ps)
 			}
+			// The lab's own capture, told by its webhook before the relay
+			// recorded the answer: the key says whose it is.
+			own := matching
+			own.IdempotencyKey = lab.DerivedCaptureKey(chargeID)
+			r = postEvent(t, a, secret, provider.WebhookEvent{ID: "evt_own", Type: lab.WebhookCaptureProcessing, Data: own}, now)
+			if r.Status != http.StatusOK || !strings.Contains(string(r.Body), `"outcome":"ignored"`) {
+				t.Fatalf("the processing event of the lab's own capture: %d %s, want 200 ignored", r.Status, r.Body)
+			}
+			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); ps[0].State != lab.PaymentPending || ps[0].CaptureID != "cap_route" || ps[0].Webhooks != 1 {
+				t.Fatalf("after the lab's own capture's processing event: %+v, want pending, captured as cap_route", ps)
+			}
 			// The relay's capture, as it records the provider's answer.
 			if err := a.Books().RecordCapture(ctx, "acme", chargeID, "acme", "cap_route"); err != nil {
 				t.Fatal(err)
@@ -384,7 +395,7 @@ func TestWebhookRoute(t *testing.T) {
 					t.Fatalf("verified webhook, try %d: %d %s, want %s", i+1, r.Status, r.Body, want)
 				}
 			}
-			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); ps[0].State != lab.PaymentSucceeded || ps[0].Webhooks != 1 {
+			if ps, _ := a.Books().Payments(ctx, "acme", "", 10); ps[0].State != lab.PaymentSucceeded || ps[0].Webhooks != 2 {
 				t.Fatalf("after a verified webhook twice: %+v", ps)
 			}
 		})

@@ -57,6 +57,8 @@ func (b *Books) ApplyWebhook(_ context.Context, w lab.Webhook) (lab.WebhookResul
 	}
 	if mismatch != "" {
 		next = current
+	} else if w.RecordsCapture(terms) {
+		b.captures[w.ChargeID] = append(b.captures[w.ChargeID], capture{id: w.CaptureID, tenant: w.Tenant, ns: b.owners[w.ChargeID], recordedAt: w.ReceivedAt})
 	}
 	b.webhooks[w.EventID] = webhookEvent{chargeID: w.ChargeID, tenant: w.Tenant, ns: b.owners[w.ChargeID], mismatch: mismatch, receivedAt: w.ReceivedAt}
 	b.payments[w.ChargeID] = next

@@ -25,10 +25,11 @@ func (b *Books) RecordCapture(ctx context.Context, _ lab.Namespace, chargeID, te
 
 // ApplyWebhook processes one verified provider event in one transaction:
 // the charge row is locked, the event is matched with it (lab.MatchWebhook:
-// the ledger's amount and currency, the captures the lab recorded), the
-// event id is recorded (its primary key turns a redelivery into a
-// duplicate that changes nothing), and the state machine moves the charge
-// when the event matched. A mismatch is recorded and moves nothing. An
+// the ledger's amount and currency, the captures the lab recorded, or the
+// lab's own capture key, whose capture is then recorded), the event id is
+// recorded (its primary key turns a redelivery into a duplicate that
+// changes nothing), and the state machine moves the charge when the event
+// matched. A mismatch is recorded and moves nothing. An
 // event about a charge the ledger does not hold, or that would move a
 // charge of which no capture is recorded, records nothing and returns
 // lab.ErrUnknownCharge or lab.ErrCaptureNotRecorded, so the provider's
@@ -73,7 +74,10 @@ func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookRes
 		}
 		// One statement records the event and, when it is new and moves
 		// the charge, moves it and settles its captures (a capture settled
-		// leaves the index the stuck gauge reads). A twin of this event
+		// leaves the index the stuck gauge reads); the lab's own capture,
+		// told by the webhook before the relay recorded it, is recorded
+		// with it, settled if the charge moved (the relay's record of it,
+		// committed meanwhile, is settled instead). A twin of this event
 		// waits on webhook_events' primary key until the first commits,
 		// then inserts nothing and moves nothing.
 		var recorded bool
@@ -88,9 +92,14 @@ func (b *Books) ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookRes
 				RETURNING id
 			), settled AS (
 				UPDATE charge_captures SET settled = true WHERE charge_id = $3 AND NOT settled AND EXISTS (SELECT 1 FROM moved)
+			), captured AS (
+				INSERT INTO charge_captures (charge_id, capture_id, tenant_id, recorded_at, settled)
+				SELECT $3, $8, $4, $7, EXISTS (SELECT 1 FROM moved) WHERE $12 AND EXISTS (SELECT 1 FROM recorded)
+				ON CONFLICT (charge_id, capture_id) DO UPDATE SET settled = charge_captures.settled OR excluded.settled
 			)
 			SELECT EXISTS (SELECT 1 FROM recorded)`,
-			w.EventID, w.Type, w.ChargeID, w.Tenant, current, next, w.ReceivedAt, w.CaptureID, w.AmountCents, w.Currency, mismatch).Scan(&recorded)
+			w.EventID, w.Type, w.ChargeID, w.Tenant, current, next, w.ReceivedAt, w.CaptureID, w.AmountCents, w.Currency, mismatch,
+			mismatch == "" && w.RecordsCapture(terms)).Scan(&recorded)
 		if err != nil {
 			return fmt.Errorf("error recording webhook %s for charge %s: %w", w.EventID, w.ChargeID, err)
 		}

@@ -33,13 +33,17 @@ type WebhookEvent struct {
 
 // WebhookData describes the capture an event is about.
 type WebhookData struct {
-	CaptureID   string `json:"capture_id"`
-	ChargeID    string `json:"charge_id"`
-	Tenant      string `json:"tenant"`
-	Run         string `json:"run"`
-	AmountCents int64  `json:"amount_cents"`
-	Currency    string `json:"currency"`
-	Status      string `json:"status"` // "processing", then the capture's status
+	CaptureID string `json:"capture_id"`
+	// IdempotencyKey is the key of the capture call that made it, as a
+	// real provider tells it: the caller can know its own capture from
+	// the webhook alone, even before the call's answer reaches it.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	ChargeID       string `json:"charge_id"`
+	Tenant         string `json:"tenant"`
+	Run            string `json:"run"`
+	AmountCents    int64  `json:"amount_cents"`
+	Currency       string `json:"currency"`
+	Status         string `json:"status"` // "processing", then the capture's status
 }
 
 // maxBackoff caps the wait between two attempts of one webhook.
@@ -48,7 +52,7 @@ const maxBackoff = time.Minute
 // event builds one webhook event of a capture.
 func event(typ, status string, c Capture, created int64) (id string, body []byte) {
 	ev := WebhookEvent{ID: "evt_" + uuid.NewString(), Type: typ, Created: created, Data: WebhookData{
-		CaptureID: c.ID, ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run,
+		CaptureID: c.ID, IdempotencyKey: c.Key, ChargeID: c.ChargeID, Tenant: c.Tenant, Run: c.Run,
 		AmountCents: c.AmountCents, Currency: c.Currency, Status: status,
 	}}
 	body, _ = json.Marshal(ev) // strings and integers always marshal

@@ -74,6 +74,7 @@ var cases = []struct {
 	{"Requeue", requeue},
 	{"ResetForgetsOneNamespace", resetForgetsOneNamespace},
 	{"WebhooksMoveMatchingCharges", webhooksMoveMatchingCharges},
+	{"TheLabsOwnCaptureToldByItsWebhook", ownCaptureToldByItsWebhook},
 	{"StuckChargeAges", stuckChargeAges},
 	{"PruningKeepsTheTotals", pruningKeepsTheTotals},
 }
@@ -479,6 +480,67 @@ func webhooksMoveMatchingCharges(t *testing.T, e *env) {
 		t.Fatalf("payment %+v, want succeeded, captured as cap-1, 2 webhooks applied, 1 mismatched", p)
 	}
 	e.ledger(t, acme, 1, 1) // webhooks move payment states, never the ledger
+}
+
+// ownCaptureToldByItsWebhook: a webhook about a capture made under the
+// relay's own key, arriving before the relay recorded the capture's answer,
+// is matched and records the capture; the relay's record of it then
+// changes nothing. A webhook under another key still waits for a record.
+func ownCaptureToldByItsWebhook(t *testing.T, e *env) {
+	ctx := t.Context()
+	own := func(w lab.Webhook) lab.Webhook {
+		w.CaptureKey = lab.DerivedCaptureKey(w.ChargeID)
+		return w
+	}
+	c := e.apply(t, e.charge(acme, "k1", "run-1", 2500))
+	now := e.clock.Now()
+	r, err := e.b.ApplyWebhook(ctx, own(webhook("evt-1", lab.WebhookCaptureProcessing, c, "acme", "cap-1", now)))
+	if err != nil || r.Changed() || r.Mismatch != "" {
+		t.Fatalf("the processing event of the lab's own capture: %+v (%v), want it recorded, moving nothing", r, err)
+	}
+	e.clock.Advance(2 * time.Minute)
+	if d, err := e.b.OldestStuck(ctx, time.Minute); err != nil || d != 2*time.Minute {
+		t.Fatalf("oldest stuck with the capture recorded by its webhook: %s (%v), want 2m0s", d, err)
+	}
+	r, err = e.b.ApplyWebhook(ctx, own(webhook("evt-2", lab.WebhookCaptureSucceeded, c, "acme", "cap-1", e.clock.Now())))
+	if err != nil || r != (lab.WebhookResult{Before: lab.PaymentPending, After: lab.PaymentSucceeded}) {
+		t.Fatalf("the success of the lab's own capture: %+v (%v), want pending to succeeded", r, err)
+	}
+	must(t, e.b.RecordCapture(ctx, acme, c.ID, "acme", "cap-1")) // the relay's answer, late
+	if d, err := e.b.OldestStuck(ctx, time.Minute); err != nil || d != 0 {
+		t.Fatalf("oldest stuck once settled: %s (%v)", d, err)
+	}
+	// The final event first (the provider reordered them): it records the
+	// capture settled, as the charge moves.
+	reordered := e.apply(t, e.charge(acme, "k2", "run-1", 2500))
+	if r, err := e.b.ApplyWebhook(ctx, own(webhook("evt-3", lab.WebhookCaptureSucceeded, reordered, "acme", "cap-2", e.clock.Now()))); err != nil || !r.Changed() {
+		t.Fatalf("the final event first: %+v (%v), want it to move the charge", r, err)
+	}
+	// Another key is not the lab's: that webhook waits for a record.
+	other := e.apply(t, e.charge(acme, "k3", "run-1", 2500))
+	stray := webhook("evt-4", lab.WebhookCaptureFailed, other, "acme", "cap-3", e.clock.Now())
+	stray.CaptureKey = "rnd_1"
+	if _, err := e.b.ApplyWebhook(ctx, stray); !errors.Is(err, lab.ErrCaptureNotRecorded) {
+		t.Fatalf("a webhook under another key before any record: %v, want lab.ErrCaptureNotRecorded", err)
+	}
+	e.clock.Advance(2 * time.Minute)
+	if d, err := e.b.OldestStuck(ctx, time.Minute); err != nil || d != 0 {
+		t.Fatalf("oldest stuck: %s (%v), want none: both captures settled, the stray one never recorded", d, err)
+	}
+	ps, err := e.b.Payments(ctx, acme, "run-1", 10)
+	if err != nil || len(ps) != 3 {
+		t.Fatalf("payments %+v (%v)", ps, err)
+	}
+	for _, p := range ps {
+		want := map[string]string{c.ID: "cap-1", reordered.ID: "cap-2", other.ID: ""}[p.ChargeID]
+		state := lab.PaymentSucceeded
+		if want == "" {
+			state = lab.PaymentPending
+		}
+		if p.CaptureID != want || p.State != state || p.Mismatched != 0 {
+			t.Fatalf("payment %+v, want captured as %q, %s, no mismatch", p, want, state)
+		}
+	}
 }
 
 func stuckChargeAges(t *testing.T, e *env) {
