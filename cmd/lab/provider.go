@@ -65,7 +65,15 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 			return err
 		}
 		defer pool.Close()
-		cfg.Records, where = pgdb.NewProviderRecords(pool), "postgres schema "+*schema
+		// The webhooks' claims and outcomes commit without waiting for
+		// the WAL flush, on a pool of their own: losing one resends a
+		// webhook, which the lab deduplicates by event id.
+		acks, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: *dbURL, Schema: *schema, Size: 4, AppName: "idempotency-lab-provider", AsyncCommit: true})
+		if err != nil {
+			return err
+		}
+		defer acks.Close()
+		cfg.Records, where = pgdb.NewProviderRecords(pool).AckingThrough(acks), "postgres schema "+*schema
 	}
 	p, err := provider.New(cfg)
 	if err != nil {

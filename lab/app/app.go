@@ -66,14 +66,19 @@ type App struct {
 
 	failover *redisFailover // the failover fault's Redis pair, if any
 
-	secret         []byte           // signs and verifies the provider's webhooks
-	providerClient *provider.Client // the payment provider, over HTTP
-	providerPruner provider.Pruner  // the own provider's records, which the pruner prunes; nil with an external one
-	effects        *delivery.Courier
+	secret         []byte            // signs and verifies the provider's webhooks
+	providerClient *provider.Client  // the payment provider, over HTTP
+	providerPruner provider.Pruner   // the own provider's records, which the pruner prunes; nil with an external one
+	effects        *delivery.Courier // a direct send's, recording its capture in the books
 	relay          *relay.Relay
-	// relayOutbox is the outbox as the relay reads it: the books on a pool
-	// of the background's own when PostgreSQL is configured.
-	relayOutbox relay.Outbox
+	// relayOutbox is the outbox as the relay reads it, and where its
+	// deliveries record their captures: the books on the background's own
+	// pool when PostgreSQL is configured.
+	relayOutbox interface {
+		relay.Outbox
+		lab.CaptureRecorder
+	}
+	bgPool *pgxpool.Pool // the background's pool, committing asynchronously; nil without PostgreSQL
 
 	replicas *replicaSet
 	// steps holds the stepped runs of this process, shared by its
@@ -174,7 +179,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	a.runner.Provider = a.providerClient
-	rl, err := relay.New(relay.Config{Outbox: a.relayOutbox, Provider: a.effects, Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
+	rl, err := relay.New(relay.Config{Outbox: a.relayOutbox, Provider: delivery.New(a.providerClient, a.relayOutbox), Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
 	if err != nil {
 		_ = ln.Close()
 		a.stopBackground()
@@ -468,9 +473,14 @@ func (a *App) openBooks(ctx context.Context) error {
 	// however many, never take the connections that deliver their effects.
 	// Each worker (as many as the backlog calls for) claims with one
 	// connection, then completes its batch's deliveries as they end, a few
-	// at once.
+	// at once. The provider's webhooks are claimed and acknowledged on it
+	// too. Its commits do not wait for the WAL flush: each is a claim or
+	// an acknowledgement whose loss in a crash repeats a delivery, which
+	// the provider (capture key, receipt event id) or the lab (webhook
+	// event id) deduplicates, and waiting on the flush for each was most of
+	// what a delivery cost.
 	bg, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema,
-		Size: int32(min(a.cfg.Relay.MaxWorkers*(1+a.cfg.Relay.Concurrency/4), 16)), AppName: a.instance})
+		Size: int32(min(a.cfg.Relay.MaxWorkers*(1+a.cfg.Relay.Concurrency/4), 16)), AppName: a.instance, AsyncCommit: true})
 	if err != nil {
 		return err
 	}
@@ -478,7 +488,7 @@ func (a *App) openBooks(ctx context.Context) error {
 	a.pools = append(a.pools, bg)
 	a.mu.Unlock()
 	a.addCloser(bg.Close)
-	a.relayOutbox = pgdb.NewBooks(bg, a.cfg.Clock)
+	a.relayOutbox, a.bgPool = pgdb.NewBooks(bg, a.cfg.Clock), bg
 	a.checks = append(a.checks, api.Check{Name: "postgres", Describe: where + ": ledger, outbox and postgres store (schema " + a.cfg.PGSchema + ")", Ping: pool.Ping})
 	return nil
 }

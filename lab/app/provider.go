@@ -68,7 +68,7 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) 
 		provider.Pruner
 	} = provider.NewMemory()
 	if a.pool != nil {
-		records = pgdb.NewProviderRecords(a.pool) // every replica of a cluster sees one provider
+		records = pgdb.NewProviderRecords(a.pool).AckingThrough(a.bgPool) // every replica of a cluster sees one provider
 	}
 	a.providerPruner = records
 	pcfg := provider.DefaultConfig()

@@ -275,14 +275,17 @@ func scanEvent(row pgx.CollectableRow) (lab.Event, error) {
 // ClaimDue leases due events to one claim in one short statement: each gets
 // the claim's random token, a lease and one more attempt. SKIP LOCKED lets
 // several workers and replicas share the work without waiting on each other.
+// The due ids are read once, into an array (an InitPlan): under IN (…) a
+// plan may run the locking subquery more than once and claim more than
+// limit.
 func (b *Books) ClaimDue(ctx context.Context, limit int, lease time.Duration) ([]lab.Event, error) {
 	rows, err := b.pool.Query(ctx, `
 		UPDATE outbox SET attempts = attempts + 1, claim_token = $4::uuid,
 		       lease_expires_at = $3::timestamptz + make_interval(secs => $2),
 		       next_attempt_at = $3::timestamptz + make_interval(secs => $2)
-		WHERE event_id IN (
+		WHERE event_id = ANY (ARRAY (
 			SELECT event_id FROM outbox WHERE state = 'pending' AND next_attempt_at <= $3
-			ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED)
+			ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED))
 		RETURNING `+eventColumns, limit, lease.Seconds(), b.now(), lab.NewClaimToken())
 	if err != nil {
 		return nil, fmt.Errorf("error claiming events: %w", err)

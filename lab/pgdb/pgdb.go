@@ -50,6 +50,13 @@ type PoolConfig struct {
 	Size    int32  // max connections, at least 1
 	AppName string // application_name, used to find this lab's connections
 	Migrate bool   // apply the schema after connecting
+	// AsyncCommit makes the pool's commits return before their WAL is
+	// flushed (synchronous_commit = off): a crash may lose the last of
+	// them, never corrupt anything. Only for writes whose loss is a repeat
+	// the at-least-once path absorbs — a claim taken again, a delivery
+	// acknowledged again and deduplicated downstream — never for the
+	// ledger, a key or a payment state.
+	AsyncCommit bool
 }
 
 // Open connects a pool whose search_path is the lab's schema, and applies
@@ -69,6 +76,9 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	pc.ConnConfig.RuntimeParams["search_path"] = cfg.Schema
 	if cfg.AppName != "" {
 		pc.ConnConfig.RuntimeParams["application_name"] = cfg.AppName
+	}
+	if cfg.AsyncCommit {
+		pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

@@ -17,12 +17,26 @@ import (
 // ProviderRecords keeps the simulated provider's records in PostgreSQL
 // (provider.sql), apart from the lab's books: what the provider holds is
 // the ground truth the books are checked against.
-type ProviderRecords struct{ pool *pgxpool.Pool }
+type ProviderRecords struct {
+	pool *pgxpool.Pool
+	acks *pgxpool.Pool // the webhooks' claims and outcomes
+}
 
 var _ provider.Records = (*ProviderRecords)(nil)
 
 // NewProviderRecords returns the records kept in pool's schema.
-func NewProviderRecords(pool *pgxpool.Pool) *ProviderRecords { return &ProviderRecords{pool: pool} }
+func NewProviderRecords(pool *pgxpool.Pool) *ProviderRecords {
+	return &ProviderRecords{pool: pool, acks: pool}
+}
+
+// AckingThrough returns the records with the webhooks' claims and outcomes
+// written through acks, a pool of the same schema that may commit
+// asynchronously (PoolConfig.AsyncCommit): losing one in a crash sends a
+// webhook again, which the lab deduplicates by event id. Captures and
+// receipts stay on the records' own pool.
+func (r *ProviderRecords) AckingThrough(acks *pgxpool.Pool) *ProviderRecords {
+	return &ProviderRecords{pool: r.pool, acks: acks}
+}
 
 const captureColumns = `capture_id, idempotency_key, charge_id, tenant_id, run_id, amount_cents, currency, via, status,
 	requests, fingerprint, created_at, namespace`
@@ -68,8 +82,8 @@ func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture, hooks
 			RETURNING `+captureColumns+`
 		), w AS (
 			INSERT INTO provider_webhooks (capture_id, seq, event_id, event_type, charge_id, tenant_id, run_id, body, forged,
-				next_attempt_at, give_up_at, created_at)
-			SELECT $1, h.seq, h.event_id, h.event_type, $3, $4, $5, h.body, h.forged, h.next_at, h.give_up_at, h.created_at
+				next_attempt_at, give_up_at, created_at, held)
+			SELECT $1, h.seq, h.event_id, h.event_type, $3, $4, $5, h.body, h.forged, h.next_at, h.give_up_at, h.created_at, h.seq > 0
 			FROM unnest($12::int[], $13::text[], $14::text[], $15::text[], $16::bool[], $17::timestamptz[], $18::timestamptz[], $19::timestamptz[])
 				AS h(seq, event_id, event_type, body, forged, next_at, give_up_at, created_at)
 			WHERE EXISTS (SELECT 1 FROM c WHERE c.capture_id = $1)
@@ -106,19 +120,22 @@ func scanWebhook(row pgx.CollectableRow) (provider.Webhook, error) {
 }
 
 // ClaimWebhooks leases due webhooks in one statement: the first pending
-// one of each capture whose time has come, each stamped with the claim's
-// random token, a lease and one more attempt. SKIP LOCKED lets several
-// workers and processes share them without waiting on each other.
+// one of each capture whose time has come (the others are held until the
+// one before them is done), each stamped with the claim's random token, a
+// lease and one more attempt. SKIP LOCKED lets several workers and
+// processes share them without waiting on each other. The predecessors
+// are still checked for a webhook written before held was (seq > 0, not
+// held): a released one has none pending, so the check is one lookup.
 func (r *ProviderRecords) ClaimWebhooks(ctx context.Context, now time.Time, limit int, lease time.Duration) ([]provider.Webhook, error) {
-	rows, err := r.pool.Query(ctx, `
+	rows, err := r.acks.Query(ctx, `
 		UPDATE provider_webhooks w SET attempts = w.attempts + 1, claim_token = $4::uuid,
 		       lease_expires_at = $1::timestamptz + make_interval(secs => $3),
 		       next_attempt_at = $1::timestamptz + make_interval(secs => $3)
 		FROM (
 			SELECT capture_id, seq FROM provider_webhooks p
-			WHERE p.state = 'pending' AND p.next_attempt_at <= $1
-			  AND NOT EXISTS (SELECT 1 FROM provider_webhooks e
-			                  WHERE e.capture_id = p.capture_id AND e.seq < p.seq AND e.state = 'pending')
+			WHERE p.state = 'pending' AND NOT p.held AND p.next_attempt_at <= $1
+			  AND (p.seq = 0 OR NOT EXISTS (SELECT 1 FROM provider_webhooks e
+			                                WHERE e.capture_id = p.capture_id AND e.seq < p.seq AND e.state = 'pending'))
 			ORDER BY p.next_attempt_at LIMIT $2 FOR UPDATE SKIP LOCKED) due
 		WHERE w.capture_id = due.capture_id AND w.seq = due.seq
 		RETURNING w.capture_id, w.seq, `+webhookColumns, micro(now), limit, lease.Seconds(), uuid.NewString())
@@ -132,35 +149,53 @@ func (r *ProviderRecords) ClaimWebhooks(ctx context.Context, now time.Time, limi
 	return hooks, nil
 }
 
-// WebhookDelivered records w delivered, if its claim still holds it.
+// releaseNext is the tail of a statement whose CTE done completed one
+// webhook (delivered, or given up: released): the next of its capture is
+// released in the same statement, and the statement counts what done did.
+const releaseNext = `, next AS (
+			UPDATE provider_webhooks n SET held = false FROM done
+			WHERE done.released AND n.capture_id = done.capture_id AND n.seq = done.seq + 1 AND n.held
+		)
+		SELECT count(*) FROM done`
+
+// WebhookDelivered records w delivered, if its claim still holds it, and
+// releases the next webhook of its capture.
 func (r *ProviderRecords) WebhookDelivered(ctx context.Context, w provider.Webhook, at time.Time, status int) error {
-	tag, err := r.pool.Exec(ctx, `
-		UPDATE provider_webhooks SET state = 'delivered', done_at = $4, last_status = $5, last_error = '',
-		       claim_token = NULL, lease_expires_at = NULL
-		WHERE capture_id = $1 AND seq = $2 AND claim_token = $3::uuid AND state = 'pending'`,
-		w.CaptureID, w.Seq, nullUUID(w.ClaimToken), micro(at), status)
+	var done int
+	err := r.acks.QueryRow(ctx, `
+		WITH done AS (
+			UPDATE provider_webhooks SET state = 'delivered', done_at = $4, last_status = $5, last_error = '',
+			       claim_token = NULL, lease_expires_at = NULL
+			WHERE capture_id = $1 AND seq = $2 AND claim_token = $3::uuid AND state = 'pending'
+			RETURNING capture_id, seq, true AS released
+		)`+releaseNext,
+		w.CaptureID, w.Seq, nullUUID(w.ClaimToken), micro(at), status).Scan(&done)
 	if err != nil {
 		return fmt.Errorf("error marking webhook %s delivered: %w", w.EventID, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if done == 0 {
 		return fmt.Errorf("webhook %s of capture %s: %w", w.EventID, w.CaptureID, provider.ErrWebhookFenced)
 	}
 	return nil
 }
 
-// WebhookFailed schedules w again at next, or gives it up, if its claim
-// still holds it.
+// WebhookFailed schedules w again at next, or gives it up and releases
+// the next webhook of its capture, if its claim still holds it.
 func (r *ProviderRecords) WebhookFailed(ctx context.Context, w provider.Webhook, next time.Time, dead bool, status int, reason string) error {
-	tag, err := r.pool.Exec(ctx, `
-		UPDATE provider_webhooks SET next_attempt_at = $4::timestamptz, last_status = $5, last_error = $6,
-		       state = CASE WHEN $7::boolean THEN 'dead' ELSE state END, done_at = CASE WHEN $7::boolean THEN $4::timestamptz END,
-		       claim_token = NULL, lease_expires_at = NULL
-		WHERE capture_id = $1 AND seq = $2 AND claim_token = $3::uuid AND state = 'pending'`,
-		w.CaptureID, w.Seq, nullUUID(w.ClaimToken), micro(next), status, reason, dead)
+	var done int
+	err := r.acks.QueryRow(ctx, `
+		WITH done AS (
+			UPDATE provider_webhooks SET next_attempt_at = $4::timestamptz, last_status = $5, last_error = $6,
+			       state = CASE WHEN $7::boolean THEN 'dead' ELSE state END, done_at = CASE WHEN $7::boolean THEN $4::timestamptz END,
+			       claim_token = NULL, lease_expires_at = NULL
+			WHERE capture_id = $1 AND seq = $2 AND claim_token = $3::uuid AND state = 'pending'
+			RETURNING capture_id, seq, $7::boolean AS released
+		)`+releaseNext,
+		w.CaptureID, w.Seq, nullUUID(w.ClaimToken), micro(next), status, reason, dead).Scan(&done)
 	if err != nil {
 		return fmt.Errorf("error recording the failed attempt of webhook %s: %w", w.EventID, err)
 	}
-	if tag.RowsAffected() == 0 {
+	if done == 0 {
 		return fmt.Errorf("webhook %s of capture %s: %w", w.EventID, w.CaptureID, provider.ErrWebhookFenced)
 	}
 	return nil

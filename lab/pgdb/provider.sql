@@ -94,3 +94,14 @@ CREATE TABLE IF NOT EXISTS provider_rollup (
 );
 CREATE INDEX IF NOT EXISTS provider_webhooks_done_at ON provider_webhooks (done_at) WHERE state = 'delivered';
 CREATE INDEX IF NOT EXISTS provider_receipt_events_last ON provider_receipt_events (last_received_at);
+
+-- A webhook is held while an earlier one of its capture is pending: it is
+-- written held (every one but a capture's first), and the statement that
+-- delivers or gives up the one before releases it. A claim then reads only
+-- the webhooks it may send, in next_attempt_at order, instead of probing
+-- each candidate's predecessors, which on a table churning faster than its
+-- statistics PostgreSQL planned as a scan of every pending row per
+-- candidate. Rows written before the column read as released; the claim
+-- still checks the predecessors of any but a capture's first.
+ALTER TABLE provider_webhooks ADD COLUMN IF NOT EXISTS held boolean NOT NULL DEFAULT false;
+CREATE INDEX IF NOT EXISTS provider_webhooks_ready ON provider_webhooks (next_attempt_at) WHERE state = 'pending' AND NOT held;

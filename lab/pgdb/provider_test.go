@@ -187,3 +187,59 @@ func TestProviderWebhooksClaimedOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestProviderWebhooksHeldInOrder: a capture's later webhooks are written
+// held and released by the statement that delivers or gives up the one
+// before; a row written before held existed (not held) is still kept
+// behind its pending predecessor.
+func TestProviderWebhooksHeldInOrder(t *testing.T) {
+	pools, _ := providerPools(t, 1)
+	r := pgdb.NewProviderRecords(pools[0])
+	ctx := context.Background()
+	at := time.Now()
+	write := func(key string) {
+		t.Helper()
+		var hooks []provider.Webhook
+		for seq := range 3 {
+			hooks = append(hooks, provider.Webhook{Seq: seq, EventID: fmt.Sprintf("evt_%s_%d", key, seq), Type: provider.EventCaptureProcessing,
+				Body: []byte(`{}`), NextAttempt: at, GiveUpAt: at.Add(time.Hour), CreatedAt: at})
+		}
+		if _, _, err := r.Capture(ctx, providerCapture("acme", key, at), hooks); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim := func(want ...string) []provider.Webhook {
+		t.Helper()
+		got, err := r.ClaimWebhooks(ctx, at, 10, time.Minute)
+		var ids []string
+		for _, w := range got {
+			ids = append(ids, w.EventID)
+		}
+		if err != nil || fmt.Sprint(ids) != fmt.Sprint(want) {
+			t.Fatalf("claimed %v (%v), want %v", ids, err, want)
+		}
+		return got
+	}
+	write("k1")
+	first := claim("evt_k1_0")
+	claim() // the second waits for the first
+	if err := r.WebhookDelivered(ctx, first[0], at, 200); err != nil {
+		t.Fatal(err)
+	}
+	second := claim("evt_k1_1")
+	if err := r.WebhookFailed(ctx, second[0], at, false, 503, "answered 503"); err != nil {
+		t.Fatal(err)
+	}
+	second = claim("evt_k1_1") // due again; the third still waits
+	if err := r.WebhookFailed(ctx, second[0], at, true, 400, "an answer not worth retrying"); err != nil {
+		t.Fatal(err)
+	}
+	claim("evt_k1_2") // given up, it let the third go
+	// As a table from before held: every row released, the order kept by
+	// the check of predecessors.
+	write("k2")
+	if _, err := pools[0].Exec(ctx, `UPDATE provider_webhooks SET held = false WHERE capture_id = (SELECT capture_id FROM provider_captures WHERE idempotency_key = 'k2')`); err != nil {
+		t.Fatal(err)
+	}
+	claim("evt_k2_0")
+}

@@ -29,20 +29,33 @@ type backend struct {
 func backends() []backend {
 	return []backend{
 		{"memory", func(*testing.T) provider.Records { return provider.NewMemory() }},
-		{"postgres", func(t *testing.T) provider.Records { return pgdb.NewProviderRecords(openPool(t)) }},
+		{"postgres", func(t *testing.T) provider.Records {
+			pool, acks := openPools(t)
+			return pgdb.NewProviderRecords(pool).AckingThrough(acks) // as the lab runs them
+		}},
 	}
 }
 
-// openPool connects to a migrated schema of the test's own.
-func openPool(t *testing.T) *pgxpool.Pool {
+// openPools connects to a migrated schema of the test's own, with a pool
+// for the records and one committing asynchronously for the webhooks'
+// claims and outcomes.
+func openPools(t *testing.T) (pool, acks *pgxpool.Pool) {
 	t.Helper()
 	url, schema := labtest.Postgres(t)
-	pool, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 16, AppName: "provider-test", Migrate: true})
-	if err != nil {
-		t.Fatal(err)
+	open := func(async bool, want string) *pgxpool.Pool {
+		p, err := pgdb.Open(context.Background(), pgdb.PoolConfig{URL: url, Schema: schema, Size: 8, AppName: "provider-test", Migrate: !async, AsyncCommit: async})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Close)
+		var commit string
+		if err := p.QueryRow(context.Background(), "SHOW synchronous_commit").Scan(&commit); err != nil || commit != want {
+			t.Fatalf("a pool opened with AsyncCommit %v commits with synchronous_commit %q (%v), want %q", async, commit, err, want)
+		}
+		return p
 	}
-	t.Cleanup(pool.Close)
-	return pool
+	pool = open(false, "on") // migrates the schema first
+	return pool, open(true, "off")
 }
 
 var t0 = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
