@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
+	"github.com/idempotency-lab/lab/lab/prune"
 )
 
 // runProvider serves the simulated payment provider alone until ctx ends:
@@ -39,6 +41,8 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	d := app.DefaultConfig()
 	if err := declare(fs, append(timeoutSettings(&d),
 		setting{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long an unacknowledged webhook is retried before it is dead (env LAB_WEBHOOK_WINDOW)", (*duration)(&d.WebhookWindow)},
+		setting{"prune-after", "LAB_PRUNE_AFTER", "receipts and delivered webhooks are pruned once this old (never the captures); at least -webhook-window plus the 1m webhook lease (env LAB_PRUNE_AFTER)", (*duration)(&d.PruneAfter)},
+		setting{"prune-interval", "LAB_PRUNE_INTERVAL", "how often the pruner deletes what outlived -prune-after, in batches of 1,000 (env LAB_PRUNE_INTERVAL)", (*duration)(&d.PruneInterval)},
 	), os.LookupEnv); err != nil {
 		return err
 	}
@@ -47,6 +51,11 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %v", fs.Args())
+	}
+	lease := provider.DefaultConfig().WebhookLease
+	if least := d.WebhookWindow + lease; d.PruneAfter < least || d.PruneInterval <= 0 {
+		return fmt.Errorf("-prune-after is %s and -prune-interval %s: the retention must be at least the webhook window (%s) and its lease (%s), %s, "+
+			"and the interval positive", d.PruneAfter, d.PruneInterval, d.WebhookWindow, lease, least)
 	}
 	log, err := newLogger(stderr, *level)
 	if err != nil {
@@ -91,6 +100,10 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 	work, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { p.Run(work) })
+	if pruner, ok := cfg.Records.(provider.Pruner); ok {
+		cutoff := func() time.Time { return time.Now().Add(-d.PruneAfter) }
+		wg.Go(func() { prune.Run(work, d.PruneInterval, cutoff, provider.PruneTargets(pruner), log) })
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	log.Info("provider listening", "url", "http://"+ln.Addr().String()+"/provider", "records", where, "webhooks", *webhookURL)

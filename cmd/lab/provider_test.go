@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
 // testProviderKey is the API key of the providers these tests start.
@@ -98,5 +99,53 @@ func TestProviderServerTimeouts(t *testing.T) {
 		if !closedWithin(t, "GET /provider/health HTTP/1.1\r\nHost: x\r\n\r\n", 5*time.Second) {
 			t.Fatal("an idle kept-alive connection was not closed")
 		}
+	})
+}
+
+// TestProviderCommandPruneRetention: `lab provider` prunes its records as
+// the lab's own provider does, and refuses a retention its webhook window
+// and lease could outlast, naming the flag and the least it may be.
+func TestProviderCommandPruneRetention(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-webhook-window", "10m", "-prune-after", "10m"}, []string{"-prune-after is 10m0s", "at least the webhook window (10m0s) and its lease (1m0s), 11m0s"}},
+		{[]string{"-prune-interval", "0s"}, []string{"-prune-interval", "positive"}},
+	} {
+		var logs bytes.Buffer
+		args := append([]string{"-addr", "127.0.0.1:0", "-api-key", testProviderKey}, c.args...)
+		err := runProvider(t.Context(), args, &logs)
+		for _, want := range c.want {
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("lab provider %v: %v, want it refused, saying %q", c.args, err, want)
+			}
+		}
+	}
+	// On PostgreSQL, a receipt two hours old goes within a few passes,
+	// rolled up into the counts that outlive it; a recent one stays.
+	dbURL, schema := labtest.Postgres(t)
+	startProvider(t, "-database-url", dbURL, "-pg-schema", schema, "-webhook-window", "1s", "-prune-after", "61s", "-prune-interval", "10ms")
+	pool, err := pgdb.Open(t.Context(), pgdb.PoolConfig{URL: dbURL, Schema: schema, Size: 1, AppName: "provider-prune-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(t.Context(), `
+		INSERT INTO provider_receipt_events (event_id, charge_id, tenant_id, via, first_received_at, last_received_at)
+		VALUES ('evt_old', 'ch_old', 'acme', 'outbox', now() - interval '2 hours', now() - interval '2 hours'),
+		       ('evt_new', 'ch_new', 'acme', 'outbox', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	labtest.Eventually(t, "the old receipt pruned and rolled up", func() bool {
+		var left []string
+		var rolled int64
+		err := pool.QueryRow(t.Context(), `SELECT ARRAY(SELECT event_id FROM provider_receipt_events ORDER BY event_id),
+			coalesce((SELECT sum(receipts) FROM provider_rollup), 0)`).Scan(&left, &rolled)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(left) == "[evt_new]" && rolled == 1
 	})
 }

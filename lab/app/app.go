@@ -199,7 +199,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	a.replicas.mu.Unlock()
 	a.bg.Go(func() { rl.Run(bgCtx) })
 	a.bg.Go(func() { a.sweep(bgCtx) })
-	a.bg.Go(func() { a.prune(bgCtx) })
+	a.bg.Go(func() { a.runPruner(bgCtx) })
 	return a, nil
 }
 

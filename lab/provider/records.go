@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"time"
+
+	"github.com/idempotency-lab/lab/lab/prune"
 )
 
 // ErrKeyMismatch refuses a capture whose Idempotency-Key was first used
@@ -66,6 +68,11 @@ type Records interface {
 type Pruner interface {
 	PruneReceipts(ctx context.Context, before time.Time, limit int) (int, error)
 	PruneWebhooks(ctx context.Context, before time.Time, limit int) (int, error)
+}
+
+// PruneTargets are what a provider's records prune, for prune.Run.
+func PruneTargets(p Pruner) []prune.Target {
+	return []prune.Target{{Name: "provider receipts", Prune: p.PruneReceipts}, {Name: "provider webhooks", Prune: p.PruneWebhooks}}
 }
 
 // Webhook states.

@@ -1,4 +1,4 @@
-package app
+package prune
 
 import (
 	"context"
@@ -38,11 +38,11 @@ func TestPruneAllInBatches(t *testing.T) {
 	for i := range 2500 {
 		r.ages = append(r.ages, t0.Add(time.Duration(i)*time.Second))
 	}
-	n, err := pruneAll(t.Context(), r.prune, t0.Add(2200*time.Second), 1000)
+	n, err := All(t.Context(), r.prune, t0.Add(2200*time.Second), 1000)
 	if err != nil || n != 2200 || !slices.Equal(r.calls, []int{1000, 1000, 200}) || len(r.ages) != 300 {
 		t.Fatalf("pruned %d (%v) in calls %v, %d left; want 2200 in [1000 1000 200], 300 left", n, err, r.calls, len(r.ages))
 	}
-	if n, _ := pruneAll(t.Context(), r.prune, t0.Add(2200*time.Second), 1000); n != 0 {
+	if n, _ := All(t.Context(), r.prune, t0.Add(2200*time.Second), 1000); n != 0 {
 		t.Fatalf("a second pass pruned %d, want none", n)
 	}
 }
@@ -57,8 +57,8 @@ func TestPrunerStopsOnShutdown(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		runPruner(ctx, time.Millisecond, func() time.Time { return t0.Add(time.Minute) },
-			[]pruneTarget{{"rows", r.prune}}, slog.New(slog.DiscardHandler))
+		Run(ctx, time.Millisecond, func() time.Time { return t0.Add(time.Minute) },
+			[]Target{{"rows", r.prune}}, slog.New(slog.DiscardHandler))
 	}()
 	for {
 		r.mu.Lock()
