@@ -190,3 +190,20 @@ func Start(tb testing.TB, cfg app.Config) *app.App {
 	})
 	return a
 }
+
+// PruneInBatches calls prune until it deletes fewer than limit rows, and
+// returns what each call deleted: how a test sees a pruner's batches.
+func PruneInBatches(tb testing.TB, prune func(context.Context, time.Time, int) (int, error), before time.Time, limit int) []int {
+	tb.Helper()
+	var calls []int
+	for {
+		n, err := prune(tb.Context(), before, limit)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		calls = append(calls, n)
+		if n < limit {
+			return calls
+		}
+	}
+}

@@ -1,12 +1,12 @@
 package pgdb_test
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
@@ -15,23 +15,6 @@ import (
 type prunable interface {
 	provider.Records
 	provider.Pruner
-}
-
-// pruneAll calls f until it deletes fewer than limit, and returns what
-// each call deleted.
-func pruneAll(t *testing.T, f func(context.Context, time.Time, int) (int, error), before time.Time, limit int) []int {
-	t.Helper()
-	var calls []int
-	for {
-		n, err := f(t.Context(), before, limit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		calls = append(calls, n)
-		if n < limit {
-			return calls
-		}
-	}
 }
 
 // hooks are n webhooks of c, due at at, retried for window.
@@ -140,10 +123,10 @@ func testProviderPruning(t *testing.T, r prunable) {
 
 	// What is older than t0 + 1µs goes: both kinds keep microseconds.
 	cutoff := t0.Add(time.Microsecond)
-	if calls := pruneAll(t, r.PruneWebhooks, cutoff, 2); !slices.Equal(calls, []int{2, 1}) {
+	if calls := labtest.PruneInBatches(t, r.PruneWebhooks, cutoff, 2); !slices.Equal(calls, []int{2, 1}) {
 		t.Fatalf("pruning webhooks two at a time deleted %v, want [2 1]: the three delivered", calls)
 	}
-	if calls := pruneAll(t, r.PruneReceipts, cutoff, 1); !slices.Equal(calls, []int{1, 1, 0}) {
+	if calls := labtest.PruneInBatches(t, r.PruneReceipts, cutoff, 1); !slices.Equal(calls, []int{1, 1, 0}) {
 		t.Fatalf("pruning receipts one at a time deleted %v, want [1 1 0]: evt-a and evt-b, not the younger evt-c", calls)
 	}
 	if after := stats(); !slices.Equal(after, before) {
@@ -155,7 +138,7 @@ func testProviderPruning(t *testing.T, r prunable) {
 	if list, err := r.Captures(ctx, provider.Filter{}); err != nil || len(list) != 3 {
 		t.Fatalf("captures after pruning: %d (%v), want all 3", len(list), err)
 	}
-	if calls := pruneAll(t, r.PruneWebhooks, t0.Add(24*time.Hour), 10); !slices.Equal(calls, []int{0}) {
+	if calls := labtest.PruneInBatches(t, r.PruneWebhooks, t0.Add(24*time.Hour), 10); !slices.Equal(calls, []int{0}) {
 		t.Fatalf("a later pass deleted %v webhooks, want none: the dead one and the pending one stay", calls)
 	}
 

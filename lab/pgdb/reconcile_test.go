@@ -106,7 +106,7 @@ func TestReconcileAfterPruning(t *testing.T) {
 	clock.Advance(48 * time.Hour)
 	cutoff := clock.Now().Add(-24 * time.Hour)
 	for _, f := range []func(context.Context, time.Time, int) (int, error){books.PruneDelivered, books.PruneWebhookEvents, records.PruneWebhooks, records.PruneReceipts} {
-		pruneAll(t, f, cutoff, 1000)
+		labtest.PruneInBatches(t, f, cutoff, 1000)
 	}
 	var left int
 	if err := pools[0].QueryRow(ctx, `SELECT (SELECT count(*) FROM outbox WHERE state = 'delivered') + (SELECT count(*) FROM provider_webhooks WHERE state = 'delivered')`).Scan(&left); err != nil || left != 0 {

@@ -227,12 +227,7 @@ func TestStoppingReleasesEverySend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		p.Run(runCtx)
-	}()
+	stop := running(t, ctx, p)
 	e := serve(t, p)
 	for i := range senders {
 		if _, _, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), ""); err != nil {
@@ -246,12 +241,7 @@ func TestStoppingReleasesEverySend(t *testing.T) {
 			t.Fatal("the senders did not all send")
 		}
 	}
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(testsignal.Timeout):
-		t.Fatal("Run did not return")
-	}
+	stop()
 	if c := p.Counters(); c.WebhooksFailed != 0 || c.WebhooksSent != 0 {
 		t.Fatalf("counters %+v; want nothing given up", c)
 	}

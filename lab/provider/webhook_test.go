@@ -232,23 +232,13 @@ func TestRunStops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p.Run(runCtx)
-		}()
+		stop := running(t, ctx, p)
 		e := serve(t, p)
 		if _, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil {
 			t.Fatal(err)
 		}
 		<-entered
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Run did not return")
-		}
+		stop()
 		if c := p.Counters(); c.WebhooksFailed != 0 || c.WebhooksSent != 0 {
 			t.Fatalf("counters %+v; want nothing given up", c)
 		}
@@ -265,12 +255,7 @@ func TestRunStops(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			p.Run(runCtx)
-		}()
+		stop := running(t, ctx, p)
 		e := serve(t, p)
 		e.cfg = cfg
 		answered := make(chan error, 1)
@@ -279,8 +264,7 @@ func TestRunStops(t *testing.T) {
 			answered <- err
 		}()
 		e.eventually(t, "the answer withheld", func(c provider.Counters) bool { return c.ResponsesLost == 1 })
-		cancel()
-		<-done
+		stop()
 		select {
 		case err := <-answered:
 			transportError(t, err)
@@ -339,5 +323,27 @@ func TestWebhookDelay(t *testing.T) {
 	e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
 	if took := time.Since(start); took < 300*time.Millisecond {
 		t.Fatalf("the webhooks came after %s, before their 300ms delay", took)
+	}
+}
+
+// running runs p's background work until the returned stop, which waits
+// for Run to return and fails the test if it does not within
+// testsignal.Timeout.
+func running(t *testing.T, ctx context.Context, p *provider.Provider) (stop func()) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		p.Run(runCtx)
+	}()
+	return func() {
+		t.Helper()
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(testsignal.Timeout):
+			t.Fatal("Run did not return")
+		}
 	}
 }

@@ -47,6 +47,22 @@ func (p *counting) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	return p.Receiver.Deliver(ctx, e)
 }
 
+// eachOnce fails the test unless events distinct events were delivered,
+// each once, never two deliveries of one in flight together.
+func (p *counting) eachOnce(t *testing.T, events int) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id, n := range p.deliveries {
+		if n != 1 {
+			t.Errorf("event %s delivered %d times", id, n)
+		}
+	}
+	if p.overlaps != 0 || len(p.deliveries) != events {
+		t.Fatalf("%d overlapping deliveries, %d events delivered; want 0 and %d", p.overlaps, len(p.deliveries), events)
+	}
+}
+
 func (p *counting) count(id string) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -223,17 +239,7 @@ func TestRelaysShareOneOutbox(t *testing.T) {
 			cancel()
 			wg.Wait()
 
-			rec.mu.Lock()
-			overlaps, distinct := rec.overlaps, len(rec.deliveries)
-			for id, n := range rec.deliveries {
-				if n != 1 {
-					t.Errorf("event %s delivered %d times", id, n)
-				}
-			}
-			rec.mu.Unlock()
-			if overlaps != 0 || distinct != events {
-				t.Fatalf("%d overlapping deliveries, %d events delivered; want 0 and %d", overlaps, distinct, events)
-			}
+			rec.eachOnce(t, events)
 			for i, r := range relays {
 				if r.Fenced() != 0 {
 					t.Errorf("relay %d: %d fenced completions", i, r.Fenced())

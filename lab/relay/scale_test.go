@@ -55,17 +55,7 @@ func TestWorkersFollowTheBacklog(t *testing.T) {
 			}
 			cfg.Signals.Ticked.WaitUntil(t, "the idle workers stopping", func() bool { return r.Counts().Workers == int64(cfg.Workers) })
 
-			rec.mu.Lock()
-			overlaps, distinct := rec.overlaps, len(rec.deliveries)
-			for id, n := range rec.deliveries {
-				if n != 1 {
-					t.Errorf("event %s delivered %d times", id, n)
-				}
-			}
-			rec.mu.Unlock()
-			if overlaps != 0 || distinct != events {
-				t.Fatalf("%d overlapping deliveries, %d events delivered; want 0 and %d", overlaps, distinct, events)
-			}
+			rec.eachOnce(t, events)
 			if got := r.Counts(); got.Delivered != events || got.Fenced != 0 || got.Failed != 0 {
 				t.Fatalf("counts %+v; want %d delivered, nothing fenced or failed", got, events)
 			}

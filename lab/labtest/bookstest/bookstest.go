@@ -604,23 +604,6 @@ func (e *env) prunedFigures(t *testing.T) pruned {
 	return f
 }
 
-// prune calls the books' prune until it deletes fewer than limit, and
-// returns what each call deleted.
-func prune(t *testing.T, f func(context.Context, time.Time, int) (int, error), before time.Time, limit int) []int {
-	t.Helper()
-	var calls []int
-	for {
-		n, err := f(t.Context(), before, limit)
-		if err != nil {
-			t.Fatal(err)
-		}
-		calls = append(calls, n)
-		if n < limit {
-			return calls
-		}
-	}
-}
-
 func pruningKeepsTheTotals(t *testing.T, e *env) {
 	ctx := t.Context()
 	// At t0 seven charges: acme's 0..5 in run-1, globex's one. Their
@@ -690,10 +673,10 @@ func pruningKeepsTheTotals(t *testing.T, e *env) {
 	// delivered or received at t0 is older than it.
 	e.clock.Advance(30 * time.Minute)
 	cutoff := e.clock.Now().Add(-30 * time.Minute)
-	if calls := prune(t, e.b.PruneDelivered, cutoff, 2); !slices.Equal(calls, []int{2, 1}) {
+	if calls := labtest.PruneInBatches(t, e.b.PruneDelivered, cutoff, 2); !slices.Equal(calls, []int{2, 1}) {
 		t.Fatalf("pruning delivered events two at a time deleted %v, want [2 1]: 1, 2 and globex's", calls)
 	}
-	if calls := prune(t, e.b.PruneWebhookEvents, cutoff, 10); !slices.Equal(calls, []int{1}) {
+	if calls := labtest.PruneInBatches(t, e.b.PruneWebhookEvents, cutoff, 10); !slices.Equal(calls, []int{1}) {
 		t.Fatalf("pruning webhook events deleted %v, want [1]: evt-1 (evt-2 mismatched, evt-3 is younger)", calls)
 	}
 	after := e.prunedFigures(t)
@@ -732,7 +715,7 @@ func pruningKeepsTheTotals(t *testing.T, e *env) {
 	// Much later everything delivered goes; the dead and the pending
 	// events stay, and the counts hold.
 	e.clock.Advance(24 * time.Hour)
-	if calls := prune(t, e.b.PruneDelivered, e.clock.Now(), 1000); !slices.Equal(calls, []int{3}) {
+	if calls := labtest.PruneInBatches(t, e.b.PruneDelivered, e.clock.Now(), 1000); !slices.Equal(calls, []int{3}) {
 		t.Fatalf("the second pass deleted %v, want [3]", calls)
 	}
 	later := e.prunedFigures(t)
