@@ -225,8 +225,11 @@ func TestCheckThenActFailsTheStormAndTheHistory(t *testing.T) {
 			t.Errorf("%s: %s (%s); want fail", id, v[id].Verdict, v[id].Why)
 		}
 	}
-	if !strings.Contains(v["storm"].Why, "12 concurrent retries made 12 resources") {
-		t.Errorf("storm: %q; want every retry to have made its own", v["storm"].Why)
+	// How many of the 12 land inside the look-to-write window is the
+	// scheduler's to decide; that more than one made its own is the flaw.
+	var made int
+	if _, err := fmt.Sscanf(v["storm"].Why, "12 concurrent retries made %d resources", &made); err != nil || made < 2 {
+		t.Errorf("storm: %q; want the 12 retries to have made more than one resource", v["storm"].Why)
 	}
 	if rep.Passed() || !slices.Contains(rep.Failed, "storm") {
 		t.Errorf("failed %v; want the storm named", rep.Failed)
