@@ -247,6 +247,13 @@ type StoreSummary struct {
 	OverchargedCents  int64     `json:"overcharged_cents"`
 }
 
+// OutboxBacklog is what the relay has yet to deliver: the pending events
+// and the oldest one's age.
+type OutboxBacklog struct {
+	Pending          int
+	OldestPendingAge time.Duration
+}
+
 // OutboxStats summarises the outbox.
 type OutboxStats struct {
 	Pending          int           `json:"outbox_pending"`

@@ -46,6 +46,9 @@ type Books interface {
 	api.Books
 	experiment.GroundTruth
 	labsvc.Erasable
+	// OutboxBacklog is the outbox's pending events alone, which a poll
+	// of a drain reads (lab bench's).
+	OutboxBacklog(ctx context.Context, ns lab.Namespace) (lab.OutboxBacklog, error)
 }
 
 // App is a running lab.

@@ -37,6 +37,7 @@ type Ledger interface {
 	KeyCharges(ctx context.Context, tenant string, store lab.StoreName, key string) (lab.KeyTally, error)
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
+	OutboxBacklog(ctx context.Context, ns lab.Namespace) (lab.OutboxBacklog, error)
 }
 
 // Lab is the running lab under load.

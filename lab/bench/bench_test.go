@@ -44,6 +44,10 @@ func (f books) OutboxStats(context.Context, lab.Namespace) (lab.OutboxStats, err
 	return lab.OutboxStats{}, nil
 }
 
+func (f books) OutboxBacklog(context.Context, lab.Namespace) (lab.OutboxBacklog, error) {
+	return lab.OutboxBacklog{}, nil
+}
+
 // TestChecksCatchWhatTheLedgerDisagreesWith feeds the checks ledgers that
 // disagree with the answers: each must fail, saying how.
 func TestChecksCatchWhatTheLedgerDisagreesWith(t *testing.T) {

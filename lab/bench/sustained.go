@@ -77,8 +77,10 @@ type SustainedStep struct {
 	BacklogAtEnd int     `json:"backlog_at_end"`
 	DrainMS      float64 `json:"drain_ms"`
 	// Samples are the reads while the load ran: the first just before it,
-	// the last once it stopped; only those two count the webhooks too.
-	// Drained is the read once the outbox had drained.
+	// the last once it stopped; only those two count the delivered events
+	// and the webhooks too (the reads between read the backlog alone,
+	// whose cost does not grow with what was delivered). Drained is the
+	// read once the outbox had drained.
 	Samples []LagSample `json:"samples"`
 	Drained LagSample   `json:"drained"`
 	Check   *Check      `json:"ledger_check,omitempty"`
@@ -98,7 +100,7 @@ type LagSample struct {
 	AtMS      float64 `json:"at_ms"`  // since the step's first sample, just before its load
 	LagMS     float64 `json:"lag_ms"` // the oldest pending event's age
 	Pending   int     `json:"pending"`
-	Delivered int     `json:"delivered"` // the namespace's delivered events, all told
+	Delivered int     `json:"delivered,omitempty"` // the namespace's delivered events, all told: first, last and drained reads
 	Webhooks  int64   `json:"webhooks_delivered,omitempty"`
 	// How long the reads took: the outbox's and the provider's.
 	OutboxMS   float64 `json:"outbox_read_ms"`
@@ -114,7 +116,8 @@ type sampler struct {
 	began    time.Time
 }
 
-// sample reads the outbox and the provider's webhooks.
+// sample reads the outbox, its delivered events counted, and the
+// provider's webhooks.
 func (s sampler) sample(ctx context.Context) (LagSample, error) {
 	out, err := s.outbox(ctx)
 	if err != nil || s.webhooks == nil {
@@ -131,7 +134,19 @@ func (s sampler) sample(ctx context.Context) (LagSample, error) {
 
 func msOf(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-// outbox reads the outbox alone.
+// backlog reads the outbox's backlog alone: a read between the first and
+// the last, every lagEvery, that must not load what it measures.
+func (s sampler) backlog(ctx context.Context) (LagSample, error) {
+	began := time.Now()
+	bl, err := s.books.OutboxBacklog(ctx, s.ns)
+	if err != nil {
+		return LagSample{}, fmt.Errorf("error reading the outbox's backlog: %w", err)
+	}
+	return LagSample{AtMS: msOf(began.Sub(s.began)), OutboxMS: msOf(time.Since(began)),
+		LagMS: msOf(bl.OldestPendingAge), Pending: bl.Pending}, nil
+}
+
+// outbox reads the outbox, its delivered events counted.
 func (s sampler) outbox(ctx context.Context) (LagSample, error) {
 	began := time.Now()
 	st, err := s.books.OutboxStats(ctx, s.ns)
@@ -145,10 +160,11 @@ func (s sampler) outbox(ctx context.Context) (LagSample, error) {
 	return out, nil
 }
 
-// run samples the outbox every `every` until ctx ends (a read that takes
-// longer skips a beat), and returns the samples and the first error that
-// was not ctx's. The provider's webhooks are counted only around the
-// load: their count is slower to read, and the lag needs only the outbox.
+// run samples the outbox's backlog every `every` until ctx ends (a read
+// that takes longer skips a beat), and returns the samples and the first
+// error that was not ctx's. The delivered events and the provider's
+// webhooks are counted only around the load: their counts are slower to
+// read, and the lag needs only the backlog.
 func (s sampler) run(ctx context.Context, every time.Duration) ([]LagSample, error) {
 	var out []LagSample
 	tick := time.NewTicker(every)
@@ -159,7 +175,7 @@ func (s sampler) run(ctx context.Context, every time.Duration) ([]LagSample, err
 			return out, nil
 		case <-tick.C:
 		}
-		x, err := s.outbox(ctx)
+		x, err := s.backlog(ctx)
 		if ctx.Err() != nil {
 			return out, nil
 		}

@@ -51,6 +51,9 @@ func TestSamplerReadsTheBooks(t *testing.T) {
 	if err != nil || x.LagMS != 500 || x.Pending != 2 || x.Delivered != 0 {
 		t.Fatalf("two pending: %+v, %v; want lag 500 ms", x, err)
 	}
+	if b, err := s.backlog(ctx); err != nil || b.LagMS != 500 || b.Pending != 2 || b.Delivered != 0 || b.Webhooks != 0 {
+		t.Fatalf("two pending, the backlog alone: %+v, %v; want lag 500 ms and nothing counted", b, err)
+	}
 	// The relay delivers the oldest: the lag is now the next one's age.
 	claimed, err := books.ClaimDue(ctx, 1, time.Minute)
 	if err != nil || len(claimed) != 1 || claimed[0].ChargeID != "c1" {
@@ -63,6 +66,9 @@ func TestSamplerReadsTheBooks(t *testing.T) {
 	if x, err = s.sample(ctx); err != nil || x.LagMS != 200 || x.Pending != 1 || x.Delivered != 1 || x.Webhooks != 2 {
 		t.Fatalf("one delivered: %+v, %v; want lag 200 ms", x, err)
 	}
+	if b, err := s.backlog(ctx); err != nil || b.LagMS != 200 || b.Pending != 1 || b.Delivered != 0 || b.Webhooks != 0 {
+		t.Fatalf("one delivered, the backlog alone: %+v, %v; want lag 200 ms and nothing counted", b, err)
+	}
 }
 
 // failingBooks fail every outbox read.
@@ -70,6 +76,10 @@ type failingBooks struct{ books }
 
 func (failingBooks) OutboxStats(context.Context, lab.Namespace) (lab.OutboxStats, error) {
 	return lab.OutboxStats{}, errors.New("no outbox")
+}
+
+func (failingBooks) OutboxBacklog(context.Context, lab.Namespace) (lab.OutboxBacklog, error) {
+	return lab.OutboxBacklog{}, errors.New("no outbox")
 }
 
 // TestSamplerRuns samples on its beat until cancelled, and stops at the

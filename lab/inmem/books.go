@@ -404,6 +404,13 @@ func (b *Books) Events(_ context.Context, ns lab.Namespace, limit int) ([]lab.Ev
 	return out, nil
 }
 
+// OutboxBacklog reads a namespace's pending events and the oldest one's
+// age ("" for every namespace).
+func (b *Books) OutboxBacklog(ctx context.Context, ns lab.Namespace) (lab.OutboxBacklog, error) {
+	st, err := b.OutboxStats(ctx, ns)
+	return lab.OutboxBacklog{Pending: st.Pending, OldestPendingAge: st.OldestPendingAge}, err
+}
+
 // OutboxStats counts a namespace's events by state ("" for every namespace).
 func (b *Books) OutboxStats(_ context.Context, ns lab.Namespace) (lab.OutboxStats, error) {
 	b.mu.Lock()

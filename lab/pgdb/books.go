@@ -382,6 +382,23 @@ func (b *Books) Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.
 	return pgx.CollectRows(rows, scanEvent)
 }
 
+// OutboxBacklog reads a namespace's pending events and the oldest one's
+// age ("" for every namespace) from the due index alone: its cost follows
+// the backlog, where OutboxStats also counts every delivered event kept.
+// It is what a poll of a drain needs.
+func (b *Books) OutboxBacklog(ctx context.Context, ns lab.Namespace) (lab.OutboxBacklog, error) {
+	var bl lab.OutboxBacklog
+	var oldest float64
+	err := b.pool.QueryRow(ctx, `
+		SELECT count(*), coalesce(extract(epoch FROM $1::timestamptz - min(created_at)), 0)::float8
+		FROM outbox WHERE state = 'pending' AND `+InNamespace(ns, 2), b.now(), string(ns)).Scan(&bl.Pending, &oldest)
+	if err != nil {
+		return bl, fmt.Errorf("error reading the outbox's backlog: %w", err)
+	}
+	bl.OldestPendingAge = time.Duration(oldest * float64(time.Second))
+	return bl, nil
+}
+
 // OutboxStats counts a namespace's events by state ("" for every
 // namespace). Its cost follows what the outbox holds now, not what it ever
 // held: the events not yet delivered come from a partial index, the

@@ -35,6 +35,7 @@ type Books interface {
 	Requeue(ctx context.Context, ns lab.Namespace, id string) (lab.Event, error)
 	Events(ctx context.Context, ns lab.Namespace, limit int) ([]lab.Event, error)
 	OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxStats, error)
+	OutboxBacklog(ctx context.Context, ns lab.Namespace) (lab.OutboxBacklog, error)
 	Reset(ctx context.Context, ns lab.Namespace) error
 	ApplyWebhook(ctx context.Context, w lab.Webhook) (lab.WebhookResult, error)
 	Payments(ctx context.Context, ns lab.Namespace, run string, limit int) ([]lab.Payment, error)
@@ -71,6 +72,7 @@ var cases = []struct {
 	{"RunsBelongToOneNamespace", runsBelongToOneNamespace},
 	{"ClaimsAreFenced", claimsAreFenced},
 	{"FailedEventsRetryThenDie", failedEventsRetryThenDie},
+	{"TheBacklogIsWhatIsPending", theBacklogIsWhatIsPending},
 	{"Requeue", requeue},
 	{"ResetForgetsOneNamespace", resetForgetsOneNamespace},
 	{"WebhooksMoveMatchingCharges", webhooksMoveMatchingCharges},
@@ -309,6 +311,50 @@ func claimsAreFenced(t *testing.T, e *env) {
 	}
 	if ps, err := e.b.Payments(ctx, acme, "", 10); err != nil || len(ps) != 1 || ps[0].Outbox != lab.EventDelivered {
 		t.Fatalf("payments %+v (%v), want the event delivered", ps, err)
+	}
+}
+
+func theBacklogIsWhatIsPending(t *testing.T, e *env) {
+	ctx := t.Context()
+	first := e.charge(acme, "k1", "run-1", 100)
+	e.apply(t, first)
+	e.clock.Advance(3 * time.Second)
+	second, third := e.charge(acme, "k2", "run-1", 100), e.charge(acme, "k3", "run-1", 100)
+	e.apply(t, second)
+	e.apply(t, third)
+	e.apply(t, e.charge(globex, "k1", "", 100))
+	e.clock.Advance(2 * time.Second)
+	claimed, err := e.b.ClaimDue(ctx, 10, time.Minute)
+	if err != nil || len(claimed) != 4 {
+		t.Fatalf("claim: %d events (%v), want 4", len(claimed), err)
+	}
+	// The oldest is delivered and the third dies: of acme's, the second is
+	// left, leased but pending.
+	for _, ev := range claimed {
+		switch ev.ID {
+		case first.Event.ID:
+			must(t, e.b.MarkDelivered(ctx, ev.ID, ev.ClaimToken))
+		case third.Event.ID:
+			must(t, e.b.MarkFailed(ctx, ev.ID, ev.ClaimToken, e.clock.Now(), true, "gave up"))
+		}
+	}
+	for _, c := range []struct {
+		ns   lab.Namespace
+		want lab.OutboxBacklog
+	}{
+		{acme, lab.OutboxBacklog{Pending: 1, OldestPendingAge: 2 * time.Second}},
+		{globex, lab.OutboxBacklog{Pending: 1, OldestPendingAge: 2 * time.Second}},
+		{"", lab.OutboxBacklog{Pending: 2, OldestPendingAge: 2 * time.Second}},
+		{"nobody", lab.OutboxBacklog{}},
+	} {
+		bl, err := e.b.OutboxBacklog(ctx, c.ns)
+		if err != nil || bl != c.want {
+			t.Errorf("backlog of %q: %+v (%v), want %+v", c.ns, bl, err, c.want)
+		}
+		st, err := e.b.OutboxStats(ctx, c.ns)
+		if err != nil || st.Pending != bl.Pending || st.OldestPendingAge != bl.OldestPendingAge {
+			t.Errorf("stats of %q: %+v (%v), want the backlog's pending and age", c.ns, st, err)
+		}
 	}
 }
 
