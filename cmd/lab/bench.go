@@ -182,10 +182,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	pub := a.Public()
 	res, err := bench.Run(ctx, bench.Config{
 		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books(),
-			QueuedWebhooks: func(ctx context.Context) (int64, error) {
-				st, err := a.Provider().Stats(ctx, provider.Filter{})
-				return int64(st.WebhooksQueued), err
-			},
+			QueuedWebhooks: a.QueuedWebhooks,
 			Webhooks: func(ctx context.Context) (bench.WebhookCounts, error) {
 				st, err := a.Provider().Stats(ctx, provider.Filter{Namespace: string(pub.Namespace)})
 				return bench.WebhookCounts{Queued: int64(st.WebhooksQueued), Delivered: int64(st.WebhooksDelivered)}, err

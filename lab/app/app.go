@@ -72,6 +72,7 @@ type App struct {
 	secret         []byte            // signs and verifies the provider's webhooks
 	providerClient *provider.Client  // the payment provider, over HTTP
 	providerPruner provider.Pruner   // the own provider's records, which the pruner prunes; nil with an external one
+	ownProvider    provider.Records  // the same records, read; nil with an external provider
 	effects        *delivery.Courier // a direct send's, recording its capture in the books
 	relay          *relay.Relay
 	// relayOutbox is the outbox as the relay reads it, and where its
@@ -243,6 +244,18 @@ func (a *App) Books() Books { return a.books }
 
 // Provider is the payment provider the lab delivers to, for tests and tools.
 func (a *App) Provider() *provider.Client { return a.providerClient }
+
+// QueuedWebhooks counts the provider's webhooks still to send: from the own
+// provider's records, whose count follows the queue; an external
+// provider's from its stats.
+func (a *App) QueuedWebhooks(ctx context.Context) (int64, error) {
+	if a.ownProvider != nil {
+		n, err := a.ownProvider.Queued(ctx)
+		return int64(n), err
+	}
+	st, err := a.providerClient.Stats(ctx, provider.Filter{})
+	return int64(st.WebhooksQueued), err
+}
 
 // Public is who acts in the public namespace (lab routes without a token).
 func (a *App) Public() tenants.Identity { return a.public }

@@ -70,7 +70,7 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) 
 	if a.pool != nil {
 		records = pgdb.NewProviderRecords(a.pool).AckingThrough(a.bgPool) // every replica of a cluster sees one provider
 	}
-	a.providerPruner = records
+	a.providerPruner, a.ownProvider = records, records
 	pcfg := provider.DefaultConfig()
 	pcfg.Records, pcfg.APIKey, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, key, a.secret, webhookURL, a.cfg.Clock
 	pcfg.Logger = a.cfg.Logger.With("service", "provider")

@@ -326,9 +326,9 @@ func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int
 		if err != nil {
 			return time.Since(began), 0, fmt.Errorf("bench: error reading the outbox: %w", err)
 		}
-		// The provider's count is the costlier read (its stats sum every
-		// record it keeps): asked only once the outbox is empty, when
-		// its webhooks are what is left.
+		// The provider's queue is asked only once the outbox is empty,
+		// when its webhooks are what is left (an external provider's
+		// count is its stats, which sum every record it keeps).
 		var queued int64
 		if q := b.cfg.Lab.QueuedWebhooks; q != nil && st.Pending == 0 {
 			if queued, err = q(ctx); err != nil {

@@ -282,6 +282,15 @@ func (r *ProviderRecords) Stats(ctx context.Context, f provider.Filter) (provide
 	return s, nil
 }
 
+// Queued counts the webhooks still to send from their due index alone.
+func (r *ProviderRecords) Queued(ctx context.Context) (int, error) {
+	var n int
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM provider_webhooks WHERE state = 'pending'`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("error counting the provider's queued webhooks: %w", err)
+	}
+	return n, nil
+}
+
 // Reset deletes a namespace's captures, receipts and webhooks ("" empties
 // the tables), and nothing of the lab's own.
 func (r *ProviderRecords) Reset(ctx context.Context, ns string) error {

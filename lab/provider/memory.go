@@ -251,6 +251,13 @@ func (m *Memory) Stats(_ context.Context, f Filter) (Stats, error) {
 	return s, nil
 }
 
+// Queued counts the webhooks still to send.
+func (m *Memory) Queued(context.Context) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.pending), nil
+}
+
 // Reset forgets a namespace's records ("" = everything).
 func (m *Memory) Reset(_ context.Context, ns string) error {
 	m.mu.Lock()

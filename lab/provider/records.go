@@ -52,6 +52,10 @@ type Records interface {
 	Captures(ctx context.Context, f Filter) ([]Capture, error)
 	// Stats sums what f selects (f.Limit is ignored).
 	Stats(ctx context.Context, f Filter) (Stats, error)
+	// Queued counts the webhooks still to send, of every namespace (Stats'
+	// WebhooksQueued with no filter), at a cost that follows the queue, not
+	// the records kept: what a poll waiting for the queue to empty reads.
+	Queued(ctx context.Context) (int, error)
 	// Reset deletes a namespace's captures, receipts and webhooks ("" =
 	// everything).
 	Reset(ctx context.Context, ns string) error

@@ -263,6 +263,9 @@ func TestRecords(t *testing.T) {
 				if s, err := r.Stats(ctx, provider.Filter{}); err != nil || s.WebhooksQueued != 2 {
 					t.Fatalf("Stats = %+v, %v; want the capture's 2 webhooks, none of the replay's", s, err)
 				}
+				if n, err := r.Queued(ctx); err != nil || n != 2 {
+					t.Fatalf("Queued = %d, %v; want the capture's 2 webhooks", n, err)
+				}
 				claim := func(at time.Duration, want ...int) []provider.Webhook {
 					t.Helper()
 					got, err := r.ClaimWebhooks(ctx, t0.Add(at), 10, time.Minute)
@@ -338,6 +341,9 @@ func TestRecords(t *testing.T) {
 				}
 				if s, err := r.Stats(ctx, provider.Filter{}); err != nil || s.WebhooksQueued != 0 || s.WebhooksDelivered != 1 {
 					t.Fatalf("after Reset(globex): %+v, %v", s, err)
+				}
+				if n, err := r.Queued(ctx); err != nil || n != 0 {
+					t.Fatalf("Queued after Reset(globex) = %d, %v; want none: the rest were sent", n, err)
 				}
 			})
 			t.Run("Reset", func(t *testing.T) {
