@@ -101,7 +101,13 @@ CREATE INDEX IF NOT EXISTS provider_receipt_events_last ON provider_receipt_even
 -- the webhooks it may send, in next_attempt_at order, instead of probing
 -- each candidate's predecessors, which on a table churning faster than its
 -- statistics PostgreSQL planned as a scan of every pending row per
--- candidate. Rows written before the column read as released; the claim
--- still checks the predecessors of any but a capture's first.
+-- candidate. Rows written before the column are held here if an earlier
+-- one of their capture is pending, as they would have been written; no
+-- row written since is released with one pending (the release is in the
+-- statement that ends the one before), so on every later start this
+-- matches nothing, at the cost of a walk of the pending rows.
 ALTER TABLE provider_webhooks ADD COLUMN IF NOT EXISTS held boolean NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS provider_webhooks_ready ON provider_webhooks (next_attempt_at) WHERE state = 'pending' AND NOT held;
+UPDATE provider_webhooks p SET held = true
+WHERE p.state = 'pending' AND p.seq > 0 AND NOT p.held
+  AND EXISTS (SELECT 1 FROM provider_webhooks e WHERE e.capture_id = p.capture_id AND e.seq < p.seq AND e.state = 'pending');

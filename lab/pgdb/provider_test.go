@@ -190,10 +190,10 @@ func TestProviderWebhooksClaimedOnce(t *testing.T) {
 
 // TestProviderWebhooksHeldInOrder: a capture's later webhooks are written
 // held and released by the statement that delivers or gives up the one
-// before; a row written before held existed (not held) is still kept
-// behind its pending predecessor.
+// before; a row written before held existed (not held) is held by the
+// migration when its predecessor is pending.
 func TestProviderWebhooksHeldInOrder(t *testing.T) {
-	pools, _ := providerPools(t, 1)
+	pools, schema := providerPools(t, 1)
 	r := pgdb.NewProviderRecords(pools[0])
 	ctx := context.Background()
 	at := time.Now()
@@ -235,11 +235,24 @@ func TestProviderWebhooksHeldInOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	claim("evt_k1_2") // given up, it let the third go
-	// As a table from before held: every row released, the order kept by
-	// the check of predecessors.
+	// As a table from before held: every row released. The migration,
+	// which runs at every start, holds those behind a pending one again.
 	write("k2")
 	if _, err := pools[0].Exec(ctx, `UPDATE provider_webhooks SET held = false WHERE capture_id = (SELECT capture_id FROM provider_captures WHERE idempotency_key = 'k2')`); err != nil {
 		t.Fatal(err)
 	}
-	claim("evt_k2_0")
+	if err := pgdb.Migrate(ctx, pools[0], schema); err != nil {
+		t.Fatal(err)
+	}
+	k2 := claim("evt_k2_0")
+	claim() // held again: they wait for the first
+	if err := r.WebhookDelivered(ctx, k2[0], at, 200); err != nil {
+		t.Fatal(err)
+	}
+	claim("evt_k2_1")
+	// k1's, all done, and k2's released second are left as they were.
+	var held int
+	if err := pools[0].QueryRow(ctx, `SELECT count(*) FROM provider_webhooks WHERE held`).Scan(&held); err != nil || held != 1 {
+		t.Fatalf("%d webhooks held (%v), want k2's third alone", held, err)
+	}
 }
