@@ -519,3 +519,34 @@ func TestWebhooksOfOneNamespaceDoNotWaitForAnother(t *testing.T) {
 	}
 	t.Logf("acme paid while globex's webhooks were still retried: %d given up, %d refused so far", got.WebhooksFailed, got.WebhooksRejected)
 }
+
+// TestQueuedWebhooksCountTheProvidersQueue: held back by the provider,
+// each capture's two webhooks wait in its queue once the relay has
+// delivered the events; the lab counts them from its own provider's
+// records, as the provider's stats do.
+func TestQueuedWebhooksCountTheProvidersQueue(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, effectsConfig(t))
+	ctx := t.Context()
+	if queued, err := a.QueuedWebhooks(ctx); err != nil || queued != 0 {
+		t.Fatalf("queued before any charge: %d, %v", queued, err)
+	}
+	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{WebhookDelayMS: provider.MaxWebhookDelayMS}); err != nil {
+		t.Fatal(err)
+	}
+	const charges = 3
+	openRun(t, a, "run-queued")
+	chargeMany(t, a.URL(), postgres.Name, "run-queued", charges, nil)
+	labtest.Eventually(t, "the run's events delivered", func() bool { return runStats(t, a, "run-queued").Delivered == charges })
+	queued, err := a.QueuedWebhooks(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := a.Provider().Stats(ctx, provider.Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if queued != 2*charges || queued != int64(st.WebhooksQueued) {
+		t.Fatalf("queued %d, the provider's stats %d; want %d, two per capture", queued, st.WebhooksQueued, 2*charges)
+	}
+}
