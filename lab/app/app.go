@@ -71,8 +71,7 @@ type App struct {
 
 	secret         []byte            // signs and verifies the provider's webhooks
 	providerClient *provider.Client  // the payment provider, over HTTP
-	providerPruner provider.Pruner   // the own provider's records, which the pruner prunes; nil with an external one
-	ownProvider    provider.Records  // the same records, read; nil with an external provider
+	ownProvider    ownRecords        // the own provider's records, read and pruned; nil with an external one
 	effects        *delivery.Courier // a direct send's, recording its capture in the books
 	relay          *relay.Relay
 	// relayOutbox is the outbox as the relay reads it, and where its

@@ -60,17 +60,21 @@ func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error 
 	return nil
 }
 
+// ownRecords are the records of the lab's own provider: the lab reads its
+// queue and prunes them.
+type ownRecords interface {
+	provider.Records
+	provider.Pruner
+}
+
 // startProvider serves the lab's own provider, which asks for key, and
 // returns its base URL.
 func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) (string, error) {
-	var records interface {
-		provider.Records
-		provider.Pruner
-	} = provider.NewMemory()
+	var records ownRecords = provider.NewMemory()
 	if a.pool != nil {
 		records = pgdb.NewProviderRecords(a.pool).AckingThrough(a.bgPool) // every replica of a cluster sees one provider
 	}
-	a.providerPruner, a.ownProvider = records, records
+	a.ownProvider = records
 	pcfg := provider.DefaultConfig()
 	pcfg.Records, pcfg.APIKey, pcfg.Secret, pcfg.WebhookURL, pcfg.Clock = records, key, a.secret, webhookURL, a.cfg.Clock
 	pcfg.Logger = a.cfg.Logger.With("service", "provider")

@@ -23,7 +23,7 @@ func (a *App) pruneTargets() []prune.Target {
 	if b, ok := a.relayOutbox.(booksPruner); ok {
 		ts = append(ts, prune.Target{Name: "outbox events", Prune: b.PruneDelivered}, prune.Target{Name: "webhook events", Prune: b.PruneWebhookEvents})
 	}
-	if p := a.providerPruner; p != nil {
+	if p := a.ownProvider; p != nil {
 		ts = append(ts, provider.PruneTargets(p)...)
 	}
 	return ts
