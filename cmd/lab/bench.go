@@ -39,6 +39,7 @@ type benchFlags struct {
 	attemptRuns int
 	repeat      int
 	sustained   string
+	search      int
 	cpuProfile  string
 }
 
@@ -70,6 +71,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&f.attemptRuns, "attempt-runs", 9, "64-attempt lab runs per store, for their median wall time and barrier spread")
 	fs.IntVar(&f.repeat, "repeat", 1, "rounds: run every phase, ceiling and 64-attempt run this many times, one round after the other, and report medians and spreads")
 	fs.StringVar(&f.sustained, "sustained", "0.5,0.8,1.0", "rates of each keyed store's sustained phase (fresh charges with the outbox relay running, its lag sampled), as fractions of the store's fresh (1,000 accounts) throughput in the same run, comma-separated; off: none (0.5 with -smoke)")
+	fs.IntVar(&f.search, "sustained-search", 3, "steps of each keyed store's sustained phase after the fractions, searching for the highest rate whose outbox lag p99 stays under 1s (from the relay's drain rate when no fraction held); 0: none (0 with -smoke)")
 	fs.StringVar(&f.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run (the lab, its load generator and its clients) to this file, for go tool pprof")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -92,6 +94,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !given["sustained"] {
 			f.sustained = "0.5"
 		}
+		if !given["sustained-search"] {
+			f.search = 0
+		}
 	}
 	stores, err := parseStores(f.stores, m.Config.Variants)
 	if err != nil {
@@ -106,6 +111,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	switch {
+	case f.search < 0 || f.search > 10:
+		return fmt.Errorf("-sustained-search must be in 0..10 (got %d)", f.search)
 	case f.duration <= 0:
 		return fmt.Errorf("-duration must be positive (got %s)", f.duration)
 	case f.connections < 1 || f.connections > 1024:
@@ -183,14 +190,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	res, err := bench.Run(ctx, bench.Config{
 		Lab: bench.Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books(),
 			QueuedWebhooks: a.QueuedWebhooks,
-			Webhooks: func(ctx context.Context) (bench.WebhookCounts, error) {
-				st, err := a.Provider().Stats(ctx, provider.Filter{Namespace: string(pub.Namespace)})
+			Webhooks: func(ctx context.Context, run string) (bench.WebhookCounts, error) {
+				st, err := a.Provider().Stats(ctx, provider.Filter{Namespace: string(pub.Namespace), Run: run})
 				return bench.WebhookCounts{Queued: int64(st.WebhooksQueued), Delivered: int64(st.WebhooksDelivered)}, err
 			},
 			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
-		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
+		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, SustainedSearch: f.search, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
 		Progress: func(done, total int, label string) {
 			if bar.tty {
 				bar.show(done, total, label)

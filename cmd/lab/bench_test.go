@@ -130,6 +130,8 @@ func TestBenchFlags(t *testing.T) {
 		{"bench", "-replicas", "one"},
 		{"bench", "-connections", "0"},
 		{"bench", "extra"},
+		{"bench", "-sustained-search", "-1"},
+		{"bench", "-sustained-search", "11"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if err := run(context.Background(), args, &stdout, &stderr); err == nil {

@@ -60,9 +60,11 @@ type Lab struct {
 	// outbox relay: a fresh phase measures the charge path alone, as
 	// pgbench does its statements, and the relay's drain is timed after.
 	HoldDelivery func(held bool)
-	// Webhooks, when set, counts the provider's webhooks of the namespace:
-	// a sustained step counts an event settled once they are acknowledged.
-	Webhooks func(ctx context.Context) (WebhookCounts, error)
+	// Webhooks, when set, counts the provider's webhooks of one run of the
+	// namespace: a sustained step counts an event settled once they are
+	// acknowledged. A run's own, so that the count costs what the step
+	// made, not every webhook the provider keeps.
+	Webhooks func(ctx context.Context, run string) (WebhookCounts, error)
 }
 
 // Config says what to measure.
@@ -88,9 +90,14 @@ type Config struct {
 	// fractions of its fresh (Accounts accounts) throughput in the same
 	// bench, in the order run; none: no sustained phase.
 	Sustained []float64
-	Command   string // the command line that reproduces the run, for the report
-	Plain     bool   // the lab runs its designs' plain paths (-plain-paths on)
-	Progress  func(done, total int, label string)
+	// SustainedSearch is how many more steps each keyed store's sustained
+	// phase takes after the fractions, searching between the highest rate
+	// that held and the lowest that did not (from the relay's drain rate
+	// when none did) for the rate the relay keeps up with; 0: no search.
+	SustainedSearch int
+	Command         string // the command line that reproduces the run, for the report
+	Plain           bool   // the lab runs its designs' plain paths (-plain-paths on)
+	Progress        func(done, total int, label string)
 }
 
 // Kind is a loaded path.

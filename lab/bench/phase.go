@@ -317,6 +317,12 @@ const maxSettle = 2 * time.Minute
 // so the work an earlier phase left behind does not slow this one: each
 // phase bears only its own.
 func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int, err error) {
+	return b.settleThen(ctx, true)
+}
+
+// settleThen is settle; with drop false it keeps the lab's connections
+// open once the outbox has drained.
+func (b *bencher) settleThen(ctx context.Context, drop bool) (waited time.Duration, pending int, err error) {
 	began := time.Now()
 	for {
 		// The backlog alone: a poll every 50 ms that counted every
@@ -336,8 +342,8 @@ func (b *bencher) settle(ctx context.Context) (waited time.Duration, pending int
 			}
 		}
 		if st.Pending == 0 && queued == 0 || time.Since(began) > max(maxSettle, 20*b.cfg.Duration) {
-			if drop := b.cfg.Lab.DropConnections; drop != nil {
-				drop()
+			if d := b.cfg.Lab.DropConnections; drop && d != nil {
+				d()
 			}
 			return time.Since(began), st.Pending, nil
 		}

@@ -376,6 +376,9 @@ func (r *Result) sustainedRows() [][]string {
 	for _, s := range r.Sustained {
 		for _, x := range s.Steps {
 			name := fmt.Sprintf("%s at %s of %s/s", s.Store, percent(x.Fraction), perSec(s.BasePerSec))
+			if x.Search {
+				name += " (search)"
+			}
 			var m []string
 			if x.Error != "" || x.Non2xx > 0 {
 				m = append(m, "(!)")
@@ -409,6 +412,18 @@ func sampling(steps []*SustainedStep) (readMS, gapMS float64) {
 	return median(reads), median(gaps)
 }
 
+// lowestLagged is the step with the lowest offered rate whose lag p99
+// reached MaxLag, nil when none did.
+func lowestLagged(steps []*SustainedStep) *SustainedStep {
+	var low *SustainedStep
+	for _, x := range steps {
+		if x.lagged() && (low == nil || x.OfferedPerSec < low.OfferedPerSec) {
+			low = x
+		}
+	}
+	return low
+}
+
 // lagText writes a sampled lag: "0 ms" is a lag, "—" no sample.
 func lagText(ms float64, samples int) string {
 	switch {
@@ -425,16 +440,31 @@ func lagText(ms float64, samples int) string {
 func (r *Result) sustainedNotes() []string {
 	var out []string
 	checked, held := 0, 0
+	searched := false
 	for _, s := range r.Sustained {
+		for _, x := range s.Steps {
+			searched = searched || x.Search
+		}
 		if s.Error != "" {
 			out = append(out, fmt.Sprintf("sustained %s: skipped: %s", s.Store, s.Error))
 			continue
 		}
-		line := fmt.Sprintf("sustained %s (fresh %s/s on %s): ", s.Store, perSec(s.BasePerSec), plural(s.Replicas, "replica"))
+		line := fmt.Sprintf("sustained %s (fresh %s/s on %s", s.Store, perSec(s.BasePerSec), plural(s.Replicas, "replica"))
+		if s.DrainPerSec > 0 {
+			line += fmt.Sprintf(", its relay's drain to settlement %s/s", perSec(s.DrainPerSec))
+		}
+		line += "): "
 		if s.SustainablePerSec > 0 {
 			line += fmt.Sprintf("sustainable throughput %s/s, the %s step (offered %s/s), the highest whose lag p99 stayed under %s", perSec(s.SustainablePerSec), percent(s.SustainableFraction), perSec(s.SustainableOffered), MaxLag)
+			if lagged := lowestLagged(s.Steps); lagged != nil {
+				line += fmt.Sprintf(" (at %s/s it reached %s)", perSec(lagged.OfferedPerSec), lagText(lagged.Lag.P99, lagged.Lag.Samples))
+			}
 		} else {
 			line += fmt.Sprintf("no step kept its lag p99 under %s (and its ledger check): no sustainable throughput found", MaxLag)
+		}
+		if s.BoundPerSec > 0 {
+			line += fmt.Sprintf("; charges and their effects share the machine, so no rate above 1/(1/%s + 1/%s) = %s/s (%s of fresh) can be sustained",
+				perSec(s.BasePerSec), perSec(s.DrainPerSec), perSec(s.BoundPerSec), percent(s.BoundPerSec/s.BasePerSec))
 		}
 		for _, x := range s.Steps {
 			if x.Fraction == sustainedGoalFraction {
@@ -476,6 +506,9 @@ func (r *Result) sustainedNotes() []string {
 		out = append(out, fmt.Sprintf("ledger (sustained): %d of %d steps hold: each key answered 201 has exactly one charge, the run's charges are exactly those answered, each with one outbox event, delivered once drained.", held, checked))
 	default:
 		out = append(out, fmt.Sprintf("ledger (sustained): %d of %d steps FAILED their check.", checked-held, checked))
+	}
+	if searched {
+		out = append(out, fmt.Sprintf("sustained (search): after the fractions, each step offers the rate halfway (geometrically) between the highest that held and the lowest whose lag did not; below the lowest that lagged, half of it or the relay's drain rate of the store's fresh phases, whichever is lower; it stops when the two are within %.0f %% of each other.", 100*(searchClose-1)))
 	}
 	if checked > 0 {
 		out = append(out, "sustained: lag is the oldest pending event's age as sampled while the load ran; delivered the events the relay delivered per second meanwhile, settled those whose capture's webhooks the lab had acknowledged (webhooks acknowledged over webhooks per event); backlog the events pending when the load stopped, drain how long they then took. The pacer uses the phase's connections: when all wait, the rate sent falls short of the rate offered.")

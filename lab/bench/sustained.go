@@ -41,8 +41,15 @@ type Sustained struct {
 	Replicas int           `json:"replicas"`
 	// BasePerSec is the store's fresh (1,000 accounts) throughput in this
 	// bench, the median of its rounds: the rates are fractions of it.
-	BasePerSec float64          `json:"base_per_s"`
-	Steps      []*SustainedStep `json:"steps"`
+	BasePerSec float64 `json:"base_per_s"`
+	// DrainPerSec is the median rate at which the relay drained the same
+	// fresh phases to settlement, alone on the machine; BoundPerSec the
+	// most the two can sustain together on it, 1/(1/BasePerSec +
+	// 1/DrainPerSec): each charge costs its own work and its effects'.
+	// Zero when no drain was timed.
+	DrainPerSec float64          `json:"drain_per_s,omitempty"`
+	BoundPerSec float64          `json:"bound_per_s,omitempty"`
+	Steps       []*SustainedStep `json:"steps"`
 	// The sustainable throughput: the highest offered rate whose lag p99
 	// stayed under MaxLag with its ledger check held, and the charge rate
 	// that step achieved. Zero when no step did.
@@ -57,7 +64,10 @@ type Sustained struct {
 type SustainedStep struct {
 	Fraction      float64 `json:"fraction"`
 	OfferedPerSec float64 `json:"offered_per_s"` // the pacer's rate
-	Run           string  `json:"run"`
+	// Search marks a step of the search for the sustainable rate: its
+	// rate came from the steps before it, its fraction from the rate.
+	Search bool   `json:"search,omitempty"`
+	Run    string `json:"run"`
 	// Stats are the attack's: Throughput is the charge rate achieved (2xx
 	// answers per second); SentPerSec the rate vegeta sent at.
 	Stats
@@ -112,7 +122,8 @@ type LagSample struct {
 type sampler struct {
 	books    Ledger
 	ns       lab.Namespace
-	webhooks func(ctx context.Context) (WebhookCounts, error) // nil: not counted
+	stepRun  string                                                       // the step's run, whose webhooks are counted
+	webhooks func(ctx context.Context, run string) (WebhookCounts, error) // nil: not counted
 	began    time.Time
 }
 
@@ -124,7 +135,7 @@ func (s sampler) sample(ctx context.Context) (LagSample, error) {
 		return out, err
 	}
 	began := time.Now()
-	w, err := s.webhooks(ctx)
+	w, err := s.webhooks(ctx, s.stepRun)
 	if err != nil {
 		return out, fmt.Errorf("error counting the provider's webhooks: %w", err)
 	}
@@ -205,6 +216,12 @@ func (s *SustainedStep) held() bool {
 	return s.Error == "" && s.Check != nil && s.Check.OK && s.Lag.Samples > 0 && s.Lag.P99 < float64(MaxLag.Milliseconds())
 }
 
+// lagged reports whether the step ran and sampled a lag p99 of MaxLag or
+// more: the relay fell behind the rate.
+func (s *SustainedStep) lagged() bool {
+	return s.Error == "" && s.Check != nil && s.Check.OK && s.Lag.Samples > 0 && s.Lag.P99 >= float64(MaxLag.Milliseconds())
+}
+
 // sustainable picks the step with the highest offered rate that kept the
 // lag bounded, nil when none did.
 func sustainable(steps []*SustainedStep) *SustainedStep {
@@ -217,39 +234,127 @@ func sustainable(steps []*SustainedStep) *SustainedStep {
 	return best
 }
 
-// sustainedSteps lists a store's sustained steps, one per fraction; the
-// first finds the store's fresh throughput in the rounds run before.
+// sustainedSteps lists a store's sustained steps: one per fraction, then
+// SustainedSearch steps whose rates the steps before them decide. The
+// first to run finds the store's fresh throughput in the rounds run
+// before.
 func (b *bencher) sustainedSteps(st storeInfo, next func() string) []step {
 	if len(b.cfg.Sustained) == 0 || !st.Available || !st.RequiresKey {
 		return nil
 	}
 	s := &Sustained{Store: st.Name, Replicas: slices.Min(b.cfg.Replicas)}
+	begun := false
+	begin := func() {
+		if begun {
+			return
+		}
+		begun = true
+		b.res.Sustained = append(b.res.Sustained, s)
+		s.BasePerSec = b.freshThroughput(st.Name, s.Replicas)
+		if s.DrainPerSec = b.drainRate(st.Name, s.Replicas); s.BasePerSec > 0 && s.DrainPerSec > 0 {
+			s.BoundPerSec = serialBound(s.BasePerSec, s.DrainPerSec)
+		}
+		if s.BasePerSec <= 0 {
+			s.Error = "no fresh (" + thousands(Accounts) + " accounts) throughput on " + plural(s.Replicas, "replica") + " to take fractions of"
+		}
+	}
+	// hold runs x at its offered rate and records what the store sustained.
+	hold := func(ctx context.Context, x *SustainedStep) error {
+		s.Steps = append(s.Steps, x)
+		if err := b.sustain(ctx, s, x); err != nil {
+			return err
+		}
+		if best := sustainable(s.Steps); best != nil {
+			s.SustainableFraction, s.SustainableOffered, s.SustainablePerSec = best.Fraction, best.OfferedPerSec, best.Throughput
+		}
+		return nil
+	}
 	var steps []step
-	for i, f := range b.cfg.Sustained {
-		x := &SustainedStep{Fraction: f, Run: next()}
+	for _, f := range b.cfg.Sustained {
 		steps = append(steps, step{label: fmt.Sprintf("sustained %s at %s of its fresh throughput", st.Name, percent(f)), run: func(ctx context.Context) error {
-			if i == 0 {
-				b.res.Sustained = append(b.res.Sustained, s)
-				s.BasePerSec = b.freshThroughput(st.Name, s.Replicas)
-				if s.BasePerSec <= 0 {
-					s.Error = "no fresh (" + thousands(Accounts) + " accounts) throughput on " + plural(s.Replicas, "replica") + " to take fractions of"
-				}
-			}
-			if s.Error != "" {
+			if begin(); s.Error != "" {
 				return nil
 			}
-			s.Steps = append(s.Steps, x)
-			x.OfferedPerSec = math.Max(1, math.Round(f*s.BasePerSec))
-			if err := b.sustain(ctx, s, x); err != nil {
-				return err
+			return hold(ctx, &SustainedStep{Fraction: f, OfferedPerSec: math.Max(1, math.Round(f*s.BasePerSec)), Run: next()})
+		}})
+	}
+	for range b.cfg.SustainedSearch {
+		steps = append(steps, step{label: fmt.Sprintf("sustained %s, searching for the rate its relay keeps up with", st.Name), run: func(ctx context.Context) error {
+			if begin(); s.Error != "" {
+				return nil
 			}
-			if best := sustainable(s.Steps); best != nil {
-				s.SustainableFraction, s.SustainableOffered, s.SustainablePerSec = best.Fraction, best.OfferedPerSec, best.Throughput
+			rate, ok := searchRate(s.Steps, s.DrainPerSec, 4*s.BasePerSec)
+			if !ok {
+				return nil // nothing left between a rate that held and one that did not
 			}
-			return nil
+			return hold(ctx, &SustainedStep{Fraction: math.Round(1000*rate/s.BasePerSec) / 1000, OfferedPerSec: rate, Search: true, Run: next()})
 		}})
 	}
 	return steps
+}
+
+// searchClose is how near the lowest rate that lagged may come to the
+// highest that held before the search stops: within it, one more step
+// would tell less than the machine's noise.
+const searchClose = 1.15
+
+// searchRate picks the next rate of a store's search for its sustainable
+// rate, from the steps run so far: halfway (geometrically) between the
+// highest offered rate that held and the lowest whose lag did not; below
+// the lowest that lagged, half of it, or the relay's drain rate when that
+// is lower (with charges beside it, the relay drains no faster than
+// alone); with no step yet, the drain rate; above the highest that held,
+// twice it, up to most. Steps that could not run, or failed their ledger
+// check, tell nothing of the lag. It reports false when the two are
+// within searchClose of each other, or when the rate was offered before.
+func searchRate(steps []*SustainedStep, drain, most float64) (float64, bool) {
+	held, lagged := 0.0, math.Inf(1)
+	for _, x := range steps {
+		switch {
+		case x.held():
+			held = math.Max(held, x.OfferedPerSec)
+		case x.lagged():
+			lagged = math.Min(lagged, x.OfferedPerSec)
+		}
+	}
+	var rate float64
+	switch {
+	case held == 0 && math.IsInf(lagged, 1):
+		if drain <= 0 {
+			return 0, false
+		}
+		rate = drain
+	case held == 0:
+		rate = lagged / 2
+		if drain > 0 {
+			rate = math.Min(rate, drain)
+		}
+	case math.IsInf(lagged, 1):
+		rate = math.Min(2*held, most)
+	default:
+		if lagged/held < searchClose {
+			return 0, false
+		}
+		rate = math.Sqrt(held * lagged)
+	}
+	rate = math.Max(1, math.Round(rate))
+	if rate <= held || rate >= lagged || slices.ContainsFunc(steps, func(x *SustainedStep) bool { return x.OfferedPerSec == rate }) {
+		return 0, false // nothing between them, or a step that could not tell: the same rate would not either
+	}
+	return rate, true
+}
+
+// drainRate is the median rate at which the relay drained the store's
+// fresh (Accounts accounts) phases on that many replicas to settlement,
+// with no charge beside it: 0 when none was timed.
+func (b *bencher) drainRate(store lab.StoreName, replicas int) float64 {
+	var xs []float64
+	for _, p := range b.res.Phases {
+		if p.Store == store && p.Kind == FreshMany && p.Replicas == replicas && p.Delivery != nil && p.Delivery.PerSec > 0 {
+			xs = append(xs, p.Delivery.PerSec)
+		}
+	}
+	return median(xs)
 }
 
 // freshThroughput is the median fresh (Accounts accounts) throughput of
@@ -275,14 +380,20 @@ func (b *bencher) sustain(ctx context.Context, s *Sustained, x *SustainedStep) e
 	if hold := b.cfg.Lab.HoldDelivery; hold != nil {
 		hold(false) // the point: the relay delivers while the charges come
 	}
-	if _, _, err := b.settle(ctx); err != nil {
+	// A sustained step is a lab under steady load, so its connections stay
+	// open between steps: dropped, as before a phase, every step began
+	// with new database sessions preparing their statements again while
+	// the charges came, and the relay fell behind on that alone (memory at
+	// 20 and 40 % of its fresh rate: 66 and 45 events/s delivered after a
+	// drop, 148 and 216 without).
+	if _, _, err := b.settleThen(ctx, false); err != nil {
 		return err
 	}
 	ns := b.cfg.Lab.Namespace
 	if err := b.cfg.Lab.Books.OpenRun(ctx, ns, x.Run); err != nil {
 		return fmt.Errorf("bench: error opening run %s: %w", x.Run, err)
 	}
-	sm := sampler{books: b.cfg.Lab.Books, ns: ns, webhooks: b.cfg.Lab.Webhooks, began: time.Now()}
+	sm := sampler{books: b.cfg.Lab.Books, ns: ns, stepRun: x.Run, webhooks: b.cfg.Lab.Webhooks, began: time.Now()}
 	first, err := sm.sample(ctx)
 	if err != nil {
 		x.Error = err.Error()
@@ -310,7 +421,7 @@ func (b *bencher) sustain(ctx context.Context, s *Sustained, x *SustainedStep) e
 	}
 	x.Samples = append(append([]LagSample{first}, during...), last)
 	x.Lag, x.BacklogAtEnd = lagOf(x.Samples), last.Pending
-	drained, _, err := b.settle(ctx)
+	drained, _, err := b.settleThen(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -341,7 +452,8 @@ func (x *SustainedStep) rates(first, last, after LagSample) {
 	x.SettledPerSec = float64(last.Webhooks-first.Webhooks) / x.WebhooksPerEvent / secs
 }
 
-// percent writes a fraction as a percentage: 0.8 is "80 %".
+// percent writes a fraction as a percentage to a tenth: 0.8 is "80 %",
+// 0.2184 "21.8 %".
 func percent(f float64) string {
-	return strconv.FormatFloat(100*f, 'f', -1, 64) + " %"
+	return strconv.FormatFloat(math.Round(1000*f)/10, 'f', -1, 64) + " %"
 }

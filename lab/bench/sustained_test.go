@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -36,8 +37,13 @@ func TestSamplerReadsTheBooks(t *testing.T) {
 		}
 	}
 	var hooks int64
-	s := sampler{books: books, ns: ns, began: time.Now(),
-		webhooks: func(context.Context) (WebhookCounts, error) { return WebhookCounts{Delivered: hooks}, nil }}
+	s := sampler{books: books, ns: ns, stepRun: "run-1", began: time.Now(),
+		webhooks: func(_ context.Context, run string) (WebhookCounts, error) {
+			if run != "run-1" {
+				return WebhookCounts{}, fmt.Errorf("counted the webhooks of run %q, not the step's", run)
+			}
+			return WebhookCounts{Delivered: hooks}, nil
+		}}
 
 	if x, err := s.sample(ctx); err != nil || x.LagMS != 0 || x.Pending != 0 || x.Delivered != 0 {
 		t.Fatalf("empty outbox: %+v, %v", x, err)
@@ -155,6 +161,46 @@ func TestSustainable(t *testing.T) {
 	}
 }
 
+// TestSearchRate picks each next rate of the search for the sustainable
+// rate from the steps before it and the relay's drain rate.
+func TestSearchRate(t *testing.T) {
+	ok := &Check{OK: true}
+	step := func(offered, p99 float64) *SustainedStep {
+		return &SustainedStep{OfferedPerSec: offered, Lag: Lag{P99: p99, Samples: 10}, Check: ok}
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []*SustainedStep
+		drain float64
+		want  float64 // 0: no step
+	}{
+		{"no step yet: the drain rate", nil, 436, 436},
+		{"no step and no drain: nothing to start from", nil, 0, 0},
+		{"every fraction lagged: the drain rate, below half the lowest", []*SustainedStep{step(1155, 2000), step(1848, 2500)}, 436, 436},
+		{"every fraction lagged: half the lowest, below the drain rate", []*SustainedStep{step(1155, 2000)}, 900, 578},
+		{"the drain rate lagged too: half of it", []*SustainedStep{step(1155, 2000), step(436, 1500)}, 436, 218},
+		{"between the two, geometrically", []*SustainedStep{step(1155, 2000), step(436, 1500), step(218, 300)}, 436, 308},
+		{"every step held: twice the highest", []*SustainedStep{step(300, 100), step(400, 300)}, 400, 800},
+		{"every step held: up to the most", []*SustainedStep{step(900, 100)}, 400, 1000},
+		{"within 15 %: done", []*SustainedStep{step(300, 900), step(340, 1100)}, 400, 0},
+		{"a failed ledger check tells nothing", []*SustainedStep{step(1155, 2000), {OfferedPerSec: 400, Lag: Lag{P99: 5000, Samples: 10}, Check: &Check{}}}, 436, 436},
+		{"nor a step that could not sample", []*SustainedStep{{OfferedPerSec: 400, Error: "no outbox", Check: ok}}, 436, 436},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, found := searchRate(tc.steps, tc.drain, 1000)
+			if tc.want == 0 {
+				if found {
+					t.Errorf("picked %.0f/s, want no step", got)
+				}
+				return
+			}
+			if !found || got != tc.want {
+				t.Errorf("picked %.0f/s (%v), want %.0f/s", got, found, tc.want)
+			}
+		})
+	}
+}
+
 // TestSustainedRates counts delivery over the load and settlement by the
 // webhooks per event the whole step showed.
 func TestSustainedRates(t *testing.T) {
@@ -187,6 +233,11 @@ func TestSustainedTable(t *testing.T) {
 		{Store: "redis", Replicas: 1, BasePerSec: 1500, Steps: []*SustainedStep{
 			{Fraction: 0.8, OfferedPerSec: 1200, Lag: Lag{P99: 200, Samples: 20}, Check: &Check{Failures: []string{"boom"}}},
 		}},
+		{Store: "lease", Replicas: 1, BasePerSec: 1000, DrainPerSec: 300, BoundPerSec: serialBound(1000, 300), SustainableFraction: 0.218, SustainableOffered: 218, SustainablePerSec: 217, Steps: []*SustainedStep{
+			{Fraction: 0.5, OfferedPerSec: 500, Lag: Lag{P99: 1900, Samples: 20}, Check: ok},
+			{Fraction: 0.436, OfferedPerSec: 436, Search: true, Lag: Lag{P99: 1500, Samples: 20}, Check: ok},
+			{Fraction: 0.218, OfferedPerSec: 218, Search: true, Stats: Stats{Throughput: 217}, Lag: Lag{P99: 300, Samples: 20}, Check: ok},
+		}},
 	}}
 	var b strings.Builder
 	if err := res.WriteTable(&b, true); err != nil {
@@ -195,13 +246,16 @@ func TestSustainedTable(t *testing.T) {
 	out := b.String()
 	for _, want := range []string{
 		"| memory at 50 % of 2,000/s ",
-		"| memory at 80 % of 2,000/s         |      1,600 |      1,590 |          700 |          — |  800 ms | 1,800 ms | 1,900 ms |   1,800 | 2,500 ms |",
-		"| redis at 80 % of 1,500/s (ledger) |",
-		"- sustained memory (fresh 2,000/s on 1 replica): sustainable throughput 998/s, the 50 % step (offered 1,000/s), the highest whose lag p99 stayed under 1s; at 80 %, lag p99 1,800 ms (above goal < 1s); a read of the outbox took a median 6.00 ms, so its samples came every 125 ms (median)\n",
+		"| memory at 80 % of 2,000/s           |      1,600 |      1,590 |          700 |          — |  800 ms | 1,800 ms | 1,900 ms |   1,800 | 2,500 ms |",
+		"| redis at 80 % of 1,500/s (ledger)   |",
+		"- sustained memory (fresh 2,000/s on 1 replica): sustainable throughput 998/s, the 50 % step (offered 1,000/s), the highest whose lag p99 stayed under 1s (at 1,600/s it reached 1,800 ms); at 80 %, lag p99 1,800 ms (above goal < 1s); a read of the outbox took a median 6.00 ms, so its samples came every 125 ms (median)\n",
 		"- sustained postgres: skipped: no fresh",
 		"no step kept its lag p99 under 1s (and its ledger check): no sustainable throughput found; at 80 %, lag p99 200 ms (misses goal < 1s)",
 		"- (ledger) sustained redis at 80 %: boom",
-		"- ledger (sustained): 1 of 3 steps FAILED their check.",
+		"- ledger (sustained): 1 of 6 steps FAILED their check.",
+		"| lease at 43.6 % of 1,000/s (search) |",
+		"- sustained lease (fresh 1,000/s on 1 replica, its relay's drain to settlement 300/s): sustainable throughput 217/s, the 21.8 % step (offered 218/s), the highest whose lag p99 stayed under 1s (at 436/s it reached 1,500 ms); charges and their effects share the machine, so no rate above 1/(1/1,000 + 1/300) = 231/s (23.1 % of fresh) can be sustained",
+		"- sustained (search): after the fractions,",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
@@ -225,15 +279,23 @@ func TestSustainedPhase(t *testing.T) {
 	pub := a.Public()
 	var mu sync.Mutex
 	var holds []bool
+	var calls []string // "hold", "resume" and "drop", in order
 	res, err := Run(context.Background(), Config{
 		Lab: Lab{URL: a.URL(), Token: pub.Token, Tenant: pub.Tenant, Namespace: pub.Namespace, Targets: a.Targets, Books: a.Books(),
 			HoldDelivery: func(held bool) {
 				mu.Lock()
 				holds = append(holds, held)
+				calls = append(calls, map[bool]string{true: "hold", false: "resume"}[held])
 				mu.Unlock()
 				a.HoldDelivery(held)
+			},
+			DropConnections: func() {
+				mu.Lock()
+				calls = append(calls, "drop")
+				mu.Unlock()
+				a.DropConnections()
 			}},
-		Duration: 300 * time.Millisecond, Connections: 4, Stores: []lab.StoreName{"memory"}, Replicas: []int{1}, Sustained: []float64{0.5},
+		Duration: 300 * time.Millisecond, Connections: 4, Stores: []lab.StoreName{"memory"}, Replicas: []int{1}, Sustained: []float64{0.5}, SustainedSearch: 1,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -241,10 +303,20 @@ func TestSustainedPhase(t *testing.T) {
 	if f := res.Failures(); len(f) > 0 {
 		t.Fatalf("failures: %v", f)
 	}
-	if len(res.Sustained) != 1 || len(res.Sustained[0].Steps) != 1 {
-		t.Fatalf("sustained %+v", res.Sustained)
+	if len(res.Sustained) != 1 || len(res.Sustained[0].Steps) != 2 {
+		t.Fatalf("sustained %+v: want the step at 50 %% and one of the search", res.Sustained)
 	}
 	s, x := res.Sustained[0], res.Sustained[0].Steps[0]
+	// The search's step offers twice the rate that held, or less than the
+	// one that lagged, and is held to the ledger as every step is.
+	searched := s.Steps[1]
+	if want, _ := searchRate(s.Steps[:1], 0, 4*s.BasePerSec); !searched.Search || x.Search || want == 0 ||
+		(x.held() && searched.OfferedPerSec != want) || (!x.held() && searched.OfferedPerSec >= x.OfferedPerSec) {
+		t.Errorf("search step %+v after %+v (want %.0f/s when the first held)", searched, x, want)
+	}
+	if searched.Check == nil || !searched.Check.OK || searched.Check.Charges == 0 {
+		t.Errorf("search step's ledger check %+v", searched.Check)
+	}
 	if s.Error != "" || s.BasePerSec <= 0 || x.OfferedPerSec <= 0 || x.Requests == 0 {
 		t.Errorf("sustained %+v, step %+v: it did not load", s, x)
 	}
@@ -270,5 +342,21 @@ func TestSustainedPhase(t *testing.T) {
 	}
 	if held != fresh || holds[len(holds)-1] {
 		t.Errorf("holds %v for %d fresh phases: the sustained step held the relay", holds, fresh)
+	}
+	// Phases start from dropped connections; the sustained steps, a lab
+	// under steady load, keep them: no drop after the first step resumed.
+	last := -1
+	for i, c := range calls {
+		if c == "drop" {
+			last = i
+		}
+	}
+	if resumed := strings.Count(strings.Join(calls[last+1:], " "), "resume"); last < 0 || resumed != len(s.Steps) {
+		t.Errorf("calls %v: want the phases' drops, then one resume per sustained step (%d) and no drop", calls, len(s.Steps))
+	}
+	// The bound beside the search: the fresh rate and the relay's drain,
+	// each alone, taken together.
+	if s.DrainPerSec <= 0 || s.BoundPerSec != serialBound(s.BasePerSec, s.DrainPerSec) {
+		t.Errorf("drain %.0f/s, bound %.0f/s for fresh %.0f/s", s.DrainPerSec, s.BoundPerSec, s.BasePerSec)
 	}
 }
