@@ -463,7 +463,7 @@ func (r *Result) sustainedNotes() []string {
 			line += fmt.Sprintf("no step kept its lag p99 under %s (and its ledger check): no sustainable throughput found", MaxLag)
 		}
 		if s.BoundPerSec > 0 {
-			line += fmt.Sprintf("; charges and their effects share the machine, so no rate above 1/(1/%s + 1/%s) = %s/s (%s of fresh) can be sustained",
+			line += fmt.Sprintf("; charges and their effects share the machine: at the rates each reached alone, together 1/(1/%s + 1/%s) = %s/s (%s of fresh)",
 				perSec(s.BasePerSec), perSec(s.DrainPerSec), perSec(s.BoundPerSec), percent(s.BoundPerSec/s.BasePerSec))
 		}
 		for _, x := range s.Steps {

@@ -43,10 +43,12 @@ type Sustained struct {
 	// bench, the median of its rounds: the rates are fractions of it.
 	BasePerSec float64 `json:"base_per_s"`
 	// DrainPerSec is the median rate at which the relay drained the same
-	// fresh phases to settlement, alone on the machine; BoundPerSec the
-	// most the two can sustain together on it, 1/(1/BasePerSec +
-	// 1/DrainPerSec): each charge costs its own work and its effects'.
-	// Zero when no drain was timed.
+	// fresh phases to settlement, alone on the machine; BoundPerSec what
+	// the two come to together at those rates, 1/(1/BasePerSec +
+	// 1/DrainPerSec): each charge costs its own work and its effects'. An
+	// estimate, not a ceiling: a drain starts from the connections the
+	// phase before dropped, with every relay worker it can grow, so the
+	// search may find a higher rate. Zero when no drain was timed.
 	DrainPerSec float64          `json:"drain_per_s,omitempty"`
 	BoundPerSec float64          `json:"bound_per_s,omitempty"`
 	Steps       []*SustainedStep `json:"steps"`

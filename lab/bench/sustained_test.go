@@ -254,7 +254,7 @@ func TestSustainedTable(t *testing.T) {
 		"- (ledger) sustained redis at 80 %: boom",
 		"- ledger (sustained): 1 of 6 steps FAILED their check.",
 		"| lease at 43.6 % of 1,000/s (search) |",
-		"- sustained lease (fresh 1,000/s on 1 replica, its relay's drain to settlement 300/s): sustainable throughput 217/s, the 21.8 % step (offered 218/s), the highest whose lag p99 stayed under 1s (at 436/s it reached 1,500 ms); charges and their effects share the machine, so no rate above 1/(1/1,000 + 1/300) = 231/s (23.1 % of fresh) can be sustained",
+		"- sustained lease (fresh 1,000/s on 1 replica, its relay's drain to settlement 300/s): sustainable throughput 217/s, the 21.8 % step (offered 218/s), the highest whose lag p99 stayed under 1s (at 436/s it reached 1,500 ms); charges and their effects share the machine: at the rates each reached alone, together 1/(1/1,000 + 1/300) = 231/s (23.1 % of fresh)",
 		"- sustained (search): after the fractions,",
 	} {
 		if !strings.Contains(out, want) {
