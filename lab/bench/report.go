@@ -412,12 +412,12 @@ func sampling(steps []*SustainedStep) (readMS, gapMS float64) {
 	return median(reads), median(gaps)
 }
 
-// lowestLagged is the step with the lowest offered rate whose lag p99
-// reached MaxLag, nil when none did.
-func lowestLagged(steps []*SustainedStep) *SustainedStep {
+// lowestLaggedAbove is the step with the lowest offered rate above
+// offered whose lag p99 reached MaxLag, nil when none did.
+func lowestLaggedAbove(steps []*SustainedStep, offered float64) *SustainedStep {
 	var low *SustainedStep
 	for _, x := range steps {
-		if x.lagged() && (low == nil || x.OfferedPerSec < low.OfferedPerSec) {
+		if x.lagged() && x.OfferedPerSec > offered && (low == nil || x.OfferedPerSec < low.OfferedPerSec) {
 			low = x
 		}
 	}
@@ -456,7 +456,7 @@ func (r *Result) sustainedNotes() []string {
 		line += "): "
 		if s.SustainablePerSec > 0 {
 			line += fmt.Sprintf("sustainable throughput %s/s, the %s step (offered %s/s), the highest whose lag p99 stayed under %s", perSec(s.SustainablePerSec), percent(s.SustainableFraction), perSec(s.SustainableOffered), MaxLag)
-			if lagged := lowestLagged(s.Steps); lagged != nil {
+			if lagged := lowestLaggedAbove(s.Steps, s.SustainableOffered); lagged != nil {
 				line += fmt.Sprintf(" (at %s/s it reached %s)", perSec(lagged.OfferedPerSec), lagText(lagged.Lag.P99, lagged.Lag.Samples))
 			}
 		} else {
