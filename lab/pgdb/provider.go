@@ -283,10 +283,12 @@ func (r *ProviderRecords) Stats(ctx context.Context, f provider.Filter) (provide
 	return s, nil
 }
 
-// Queued counts the webhooks still to send from their due index alone.
+// Queued counts the webhooks still to send, but those last refused with
+// 404 or 409 (see provider.Records), through their due index: the pending
+// rows alone.
 func (r *ProviderRecords) Queued(ctx context.Context) (int, error) {
 	var n int
-	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM provider_webhooks WHERE state = 'pending'`).Scan(&n); err != nil {
+	if err := r.pool.QueryRow(ctx, `SELECT count(*) FROM provider_webhooks WHERE state = 'pending' AND last_status NOT IN (404, 409)`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("error counting the provider's queued webhooks: %w", err)
 	}
 	return n, nil

@@ -255,7 +255,13 @@ func (m *Memory) Stats(_ context.Context, f Filter) (Stats, error) {
 func (m *Memory) Queued(context.Context) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.pending), nil
+	n := 0
+	for _, w := range m.pending {
+		if !refused(w.LastStatus) {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Reset forgets a namespace's records ("" = everything).

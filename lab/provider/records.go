@@ -52,9 +52,13 @@ type Records interface {
 	Captures(ctx context.Context, f Filter) ([]Capture, error)
 	// Stats sums what f selects (f.Limit is ignored).
 	Stats(ctx context.Context, f Filter) (Stats, error)
-	// Queued counts the webhooks still to send, of every namespace (Stats'
-	// WebhooksQueued with no filter), at a cost that follows the queue, not
-	// the records kept: what a poll waiting for the queue to empty reads.
+	// Queued counts the webhooks still to send, of every namespace, at a
+	// cost that follows the queue, not the records kept: what a poll
+	// waiting for the queue to empty reads. It leaves out those the
+	// receiver last refused as about a charge it does not hold (404) or a
+	// capture it cannot place (409): they wait on something that may never
+	// come, retried until their window ends, and a drain that waited for
+	// them would wait out the window. Stats' WebhooksQueued counts them.
 	Queued(ctx context.Context) (int, error)
 	// Reset deletes a namespace's captures, receipts and webhooks ("" =
 	// everything).

@@ -318,6 +318,21 @@ func TestRecords(t *testing.T) {
 				if _, _, err := r.Capture(ctx, other, hooksOf(other, 1)); err != nil {
 					t.Fatal(err)
 				}
+				if n, err := r.Queued(ctx); err != nil || n != 1 {
+					t.Fatalf("Queued = %d, %v; want globex's webhook", n, err)
+				}
+				// Refused as a capture the receiver cannot place (409), it is
+				// still queued, but no longer counted as what a drain waits for.
+				refused, err := r.ClaimWebhooks(ctx, t0.Add(time.Hour), 10, time.Minute)
+				if err != nil || len(refused) != 1 || refused[0].ChargeID != "ch_2" {
+					t.Fatalf("claimed %+v, %v; want globex's webhook", refused, err)
+				}
+				if err := r.WebhookFailed(ctx, refused[0], t0.Add(time.Hour+time.Second), false, 409, "answered 409"); err != nil {
+					t.Fatal(err)
+				}
+				if n, err := r.Queued(ctx); err != nil || n != 0 {
+					t.Fatalf("Queued = %d, %v; want none: the one left was refused with 409", n, err)
+				}
 				for f, want := range map[provider.Filter][3]int{
 					{}:                                     {1, 1, 1},
 					{Namespace: "acme"}:                    {0, 1, 1},

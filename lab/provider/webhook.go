@@ -284,6 +284,13 @@ func (p *Provider) complete(ctx context.Context, w Webhook, err error) bool {
 	return true
 }
 
+// refused says whether a webhook's last answer refused it as about a
+// charge the receiver does not hold (404) or a capture it cannot place
+// (409): retried, but waiting on something that may never come.
+func refused(status int) bool {
+	return status == http.StatusNotFound || status == http.StatusConflict
+}
+
 // retryable says whether an answer outside 2xx is worth another attempt:
 // a 4xx is final, except 404 (the receiver may not know the charge yet),
 // 409 and 429.
