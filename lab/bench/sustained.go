@@ -215,13 +215,19 @@ func lagOf(samples []LagSample) Lag {
 
 // held reports whether the step kept the outbox's lag bounded.
 func (s *SustainedStep) held() bool {
-	return s.Error == "" && s.Check != nil && s.Check.OK && s.Lag.Samples > 0 && s.Lag.P99 < float64(MaxLag.Milliseconds())
+	return s.measured() && s.Lag.P99 < float64(MaxLag.Milliseconds())
 }
 
 // lagged reports whether the step ran and sampled a lag p99 of MaxLag or
 // more: the relay fell behind the rate.
 func (s *SustainedStep) lagged() bool {
-	return s.Error == "" && s.Check != nil && s.Check.OK && s.Lag.Samples > 0 && s.Lag.P99 >= float64(MaxLag.Milliseconds())
+	return s.measured() && s.Lag.P99 >= float64(MaxLag.Milliseconds())
+}
+
+// measured reports whether the step's lag tells anything: it ran, held
+// to its ledger check and sampled the outbox.
+func (s *SustainedStep) measured() bool {
+	return s.Error == "" && s.Check != nil && s.Check.OK && s.Lag.Samples > 0
 }
 
 // sustainable picks the step with the highest offered rate that kept the
@@ -260,8 +266,8 @@ func (b *bencher) sustainedSteps(st storeInfo, next func() string) []step {
 			s.Error = "no fresh (" + thousands(Accounts) + " accounts) throughput on " + plural(s.Replicas, "replica") + " to take fractions of"
 		}
 	}
-	// hold runs x at its offered rate and records what the store sustained.
-	hold := func(ctx context.Context, x *SustainedStep) error {
+	// runStep runs x at its offered rate and records what the store sustained.
+	runStep := func(ctx context.Context, x *SustainedStep) error {
 		s.Steps = append(s.Steps, x)
 		if err := b.sustain(ctx, s, x); err != nil {
 			return err
@@ -277,7 +283,7 @@ func (b *bencher) sustainedSteps(st storeInfo, next func() string) []step {
 			if begin(); s.Error != "" {
 				return nil
 			}
-			return hold(ctx, &SustainedStep{Fraction: f, OfferedPerSec: math.Max(1, math.Round(f*s.BasePerSec)), Run: next()})
+			return runStep(ctx, &SustainedStep{Fraction: f, OfferedPerSec: math.Max(1, math.Round(f*s.BasePerSec)), Run: next()})
 		}})
 	}
 	for range b.cfg.SustainedSearch {
@@ -289,7 +295,7 @@ func (b *bencher) sustainedSteps(st storeInfo, next func() string) []step {
 			if !ok {
 				return nil // nothing left between a rate that held and one that did not
 			}
-			return hold(ctx, &SustainedStep{Fraction: math.Round(1000*rate/s.BasePerSec) / 1000, OfferedPerSec: rate, Search: true, Run: next()})
+			return runStep(ctx, &SustainedStep{Fraction: math.Round(1000*rate/s.BasePerSec) / 1000, OfferedPerSec: rate, Search: true, Run: next()})
 		}})
 	}
 	return steps
