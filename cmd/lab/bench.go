@@ -197,7 +197,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
-		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, SustainedSearch: f.search, Command: reproduce(args, os.LookupEnv), Plain: m.Config.PlainPaths,
+		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, SustainedSearch: f.search, Command: reproduce(args, os.LookupEnv),
 		Progress: func(done, total int, label string) {
 			if bar.tty {
 				bar.show(done, total, label)

@@ -40,7 +40,6 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"dedupe-window", "LAB_DEDUPE_WINDOW", "how long a completed key is kept", (*duration)(&c.Window)},
 		{"inflight-wait", "LAB_INFLIGHT_WAIT", "bounded wait for an in-flight request with the same key before 409", (*duration)(&c.InFlightWait)},
 		{"claim-ttl", "LAB_CLAIM_TTL", "lifetime of a redis claim", (*duration)(&c.ClaimTTL)},
-		{"plain-paths", "LAB_PLAIN_PATHS", "run every design's plain path, without the optimisations it keeps in files of their own (lab bench measures what they buy); on or off", (*onOff)(&c.PlainPaths)},
 		{"sweep-interval", "LAB_SWEEP_INTERVAL", "how often expired keys are swept", (*duration)(&c.SweepInterval)},
 		{"relay-workers", "LAB_RELAY_WORKERS", "outbox relay workers per process, each claiming its own batch; the least there are", (*integer)(&c.Relay.Workers)},
 		{"relay-max-workers", "LAB_RELAY_MAX_WORKERS", "the most outbox relay workers per process: full claims add workers up to it, idle ones stop", (*integer)(&c.Relay.MaxWorkers)},

@@ -292,7 +292,7 @@ func (a *App) addCloser(f func()) {
 func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*replica, error) {
 	deps := variant.Deps{
 		Ledger: a.books, Sender: a.effects, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
-		Window: a.cfg.Window, Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL, Plain: a.cfg.PlainPaths,
+		Window: a.cfg.Window, Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL,
 		RedisPrefix: a.cfg.RedisPrefix, RedisWhere: a.redisWhere, AppName: a.instance, ResetPools: a.resetPools,
 	}
 	if a.cfg.RedisURL != "" {

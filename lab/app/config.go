@@ -62,10 +62,6 @@ type Config struct {
 	InFlightWait time.Duration
 	// ClaimTTL is the lifetime of a lock-style claim (redis). Default 30s.
 	ClaimTTL time.Duration
-	// PlainPaths runs every design's plain path, without the optimisations
-	// it keeps in files of their own, so that lab bench can measure what
-	// each buys. Default off.
-	PlainPaths bool
 	// SweepInterval is how often expired keys are swept. Default 1m.
 	SweepInterval time.Duration
 	// MaxReplicas is how many in-process replicas a run may use, 1..8.

@@ -96,7 +96,6 @@ type Config struct {
 	// when none did) for the rate the relay keeps up with; 0: no search.
 	SustainedSearch int
 	Command         string // the command line that reproduces the run, for the report
-	Plain           bool   // the lab runs its designs' plain paths (-plain-paths on)
 	Progress        func(done, total int, label string)
 }
 
@@ -120,7 +119,6 @@ const Attempts = 64
 type Result struct {
 	ID          string          `json:"id"`
 	Command     string          `json:"command,omitempty"`
-	Plain       bool            `json:"plain_paths,omitempty"`
 	Started     time.Time       `json:"started"`
 	Elapsed     time.Duration   `json:"elapsed_ns"`
 	Duration    time.Duration   `json:"phase_duration_ns"`
@@ -296,7 +294,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res := &Result{
-		ID: cfg.ID, Command: cfg.Command, Plain: cfg.Plain, Started: time.Now().UTC(), Duration: cfg.Duration, Connections: cfg.Connections,
+		ID: cfg.ID, Command: cfg.Command, Started: time.Now().UTC(), Duration: cfg.Duration, Connections: cfg.Connections,
 		Replicas: cfg.Replicas, Repeat: cfg.Repeat, Host: Host{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH},
 	}
 	b := &bencher{cfg: cfg, client: client, res: res}

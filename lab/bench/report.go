@@ -306,9 +306,6 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 	if r.Repeat > 1 {
 		fmt.Fprintf(&b, "%d rounds, one after the other (every path, ceiling and 64-attempt run once a round): each figure is the median of the rounds, the range its least and greatest, a ratio the median of the rounds' own ratios (its range in brackets).\n\n", r.Repeat)
 	}
-	if r.Plain {
-		b.WriteString("Plain paths: every design ran without the optimisations it keeps in files of their own (-plain-paths on).\n\n")
-	}
 	right := []bool{false, true, true, true, false, true, false}
 	if r.Repeat > 1 {
 		right = slices.Insert(right, 2, true)

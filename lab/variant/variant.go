@@ -135,11 +135,6 @@ type Deps struct {
 	Window   time.Duration // retention of completed keys
 	Wait     time.Duration // bounded wait for an in-flight twin
 	ClaimTTL time.Duration // lifetime of a lock-style claim
-	// Plain asks for the design's plain path only, without the optimisations
-	// it keeps in files of their own (each is held equal to the plain path
-	// by a test, and earns its place by what lab bench measures with and
-	// without it).
-	Plain bool
 
 	Redis       *goredis.Client // this replica's own client
 	RedisPrefix string          // every Redis key the lab writes starts with it

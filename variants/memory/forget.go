@@ -8,7 +8,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// What the plain Store loses: its keys in a crash or a restart of the
+// What the Store loses: its keys in a crash or a restart of the
 // process, which is the design's weakness, and each key after its window,
 // which bounds its memory.
 

@@ -9,7 +9,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// What the plain Store shows of its keys: /idempotency/state and the
+// What the Store shows of its keys: /idempotency/state and the
 // oldest-in-flight gauge. Each reads the whole map under the lock.
 
 // Len reports how many keys the store holds.
@@ -47,25 +47,33 @@ func (e *entry) keyState(now time.Time) lab.KeyState {
 	return ks
 }
 
-// Keys lists the namespace's newest keys ("" for every namespace's).
+// Keys lists the namespace's newest keys ("" for every namespace's). It
+// keeps the newest limit as it reads the map, so the lock is held for one
+// pass, not for a sort of every key held.
 func (s *Store) Keys(_ context.Context, ns lab.Namespace, limit int) ([]lab.KeyState, int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var held []*entry
+	newest, held := make([]*entry, 0, limit+1), 0
 	for sc, e := range s.entries {
-		if ns.Includes(sc.Namespace) {
-			held = append(held, e)
+		if !ns.Includes(sc.Namespace) {
+			continue
+		}
+		held++
+		if i, _ := slices.BinarySearchFunc(newest, e, newerFirst); i < limit {
+			newest = slices.Insert(newest, i, e)[:min(len(newest)+1, limit)]
 		}
 	}
-	slices.SortFunc(held, func(x, y *entry) int { // newest first; at one instant, the last claimed first
-		return cmp.Or(y.createdAt.Compare(x.createdAt), cmp.Compare(y.order, x.order))
-	})
 	now := s.now()
 	var out []lab.KeyState
-	for _, e := range held[:min(limit, len(held))] {
+	for _, e := range newest {
 		out = append(out, e.keyState(now))
 	}
-	return out, len(held), nil
+	return out, held, nil
+}
+
+// newerFirst orders entries newest first; at one instant, the last claimed first.
+func newerFirst(x, y *entry) int {
+	return cmp.Or(y.createdAt.Compare(x.createdAt), cmp.Compare(y.order, x.order))
 }
 
 // OldestInFlight reports the age of the oldest key claimed and not yet

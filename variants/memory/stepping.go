@@ -1,12 +1,11 @@
 package memory
 
-// What a stepped run reads and moves on both paths: which stepped attempt
+// What a stepped run reads and moves: which stepped attempt
 // holds a claim, what the map holds for a key (lab.KeyInspector), and the
 // time-driven moves the design has (lab.TimeMover).
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -15,7 +14,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 )
 
-// where is where both paths keep a key, for a stepped run's view.
+// where is where the store keeps a key, for a stepped run's view.
 const where = "this replica's map"
 
 // hold remembers which stepped attempt claimed e. Any other attempt costs
@@ -38,25 +37,6 @@ func (s *Store) hold(ctx context.Context, e *entry) {
 	s.holders[e] = name
 }
 
-// hold remembers which stepped attempt claimed e, as Store.hold does.
-func (s *Packed) hold(ctx context.Context, e *packedEntry) {
-	name := lab.StepName(ctx)
-	if name == "" {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for old := range s.holders {
-		if s.heldLocked(old) == nil {
-			delete(s.holders, old)
-		}
-	}
-	if s.holders == nil {
-		s.holders = map[*packedEntry]string{}
-	}
-	s.holders[e] = name
-}
-
 // Inspect says what the map holds for the key.
 func (s *Store) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection, error) {
 	s.mu.Lock()
@@ -68,23 +48,6 @@ func (s *Store) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection, err
 	}
 	h := held{found: true, state: e.state, holder: s.holders[e], fingerprint: e.fingerprint, chargeID: e.chargeID,
 		inherited: e.inherited, resp: e.resp, created: e.createdAt, expires: e.expiresAt}
-	return h.inspection(now), nil
-}
-
-// Inspect says what the map holds for the key, as Store.Inspect does.
-func (s *Packed) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	e, _ := s.getLocked(sc)
-	if e == nil {
-		return held{}.inspection(now), nil
-	}
-	h := held{found: true, state: e.state, holder: s.holders[e], fingerprint: hex.EncodeToString(e.fingerprint[:]),
-		resp: e.response(), created: s.timeAt(e.createdAt), expires: s.timeAt(e.expiresAt)}
-	if e.claim != nil {
-		h.chargeID, h.inherited = e.claim.chargeID, e.claim.inherited
-	}
 	return h.inspection(now), nil
 }
 
@@ -102,23 +65,6 @@ func (s *Store) MakeHappen(_ context.Context, sc lab.Scope, ev lab.TimeEvent) er
 	// claim in flight keeps its key: its window starts when it settles.
 	if e := s.entries[sc]; e != nil && e.state != inFlight {
 		delete(s.entries, sc) // its expiry heap's item is skipped when it comes up
-	}
-	return nil
-}
-
-// TimeMoves are the events a memory key lives by.
-func (s *Packed) TimeMoves() []lab.TimeEvent { return []lab.TimeEvent{lab.EventWindow, lab.EventWait} }
-
-// MakeHappen makes a time-driven event happen to the key now, as
-// Store.MakeHappen does.
-func (s *Packed) MakeHappen(_ context.Context, sc lab.Scope, ev lab.TimeEvent) error {
-	if ev != lab.EventWindow {
-		return noSuchEvent(ev)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if e, _ := s.getLocked(sc); e != nil && e.state != inFlight {
-		s.deleteLocked(e)
 	}
 	return nil
 }
@@ -217,10 +163,8 @@ func answered(r lab.Response) string {
 	return fmt.Sprint(r.Status)
 }
 
-// Both paths are what a stepped run reads and moves.
+// The store is what a stepped run reads and moves.
 var (
 	_ lab.KeyInspector = (*Store)(nil)
 	_ lab.TimeMover    = (*Store)(nil)
-	_ lab.KeyInspector = (*Packed)(nil)
-	_ lab.TimeMover    = (*Packed)(nil)
 )

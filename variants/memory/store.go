@@ -1,17 +1,12 @@
 // Package memory is the design that holds on one replica: idempotency keys
 // in a map in the process heap, claimed under a mutex.
 //
-// This file is the design, the plain way: a first attempt claims its key,
-// charges, and completes the key with its response; a retry finds the key
-// and replays that response, or waits for its twin. forget.go is what a
+// This file is the design, and the path every attempt takes: a first
+// attempt claims its key, charges, and completes the key with its response;
+// a retry finds the key and replays that response, or waits for its twin. forget.go is what a
 // crash, a restart and the key window take away, state.go what
 // /idempotency/state shows, twin_wait.go a twin's bounded wait, stepping.go
 // what a stepped run reads and moves.
-//
-// The lab runs the same decision over packed keys unless -plain-paths is
-// on: packed.go keeps a key in 424 bytes instead of 806, and parts.go lists
-// the newest keys without sorting them all. TestPackedAnswersAsPlain holds
-// them to this file's answers.
 package memory
 
 import (
@@ -84,7 +79,7 @@ func (cfg Config) check() error {
 	return nil
 }
 
-// New returns an empty memory store, the plain one.
+// New returns an empty memory store.
 func New(cfg Config) (*Store, error) {
 	if err := cfg.check(); err != nil {
 		return nil, err

@@ -21,11 +21,11 @@ func Variant() variant.Variant {
 		Effects:     "outbox",
 		Crash:       variant.CrashWipesHeap,
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
-			cfg := Config{Ledger: d.Ledger, Window: d.Window, Wait: d.Wait, Now: d.Clock}
-			if d.Plain {
-				return open(New(cfg)) // store.go alone: the design as the lesson tells it
+			s, err := New(Config{Ledger: d.Ledger, Window: d.Window, Wait: d.Wait, Now: d.Clock})
+			if err != nil {
+				return nil, err // no nil *Store inside a non-nil lab.Store
 			}
-			return open(NewPacked(cfg)) // the same decision over packed keys (packed.go)
+			return s, nil
 		},
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries: {Usual: lab.Holds, Holds: "one replica, one map: the mutex lets one attempt claim the key; the others wait for its response and replay it",
@@ -54,13 +54,4 @@ func Variant() variant.Variant {
 				Breaks: "the tenants' keys collided"},
 		},
 	}
-}
-
-// open returns the store New or NewPacked built, or their error alone: no
-// nil store inside a non-nil lab.Store.
-func open[S lab.Store](s S, err error) (lab.Store, error) {
-	if err != nil {
-		return nil, err
-	}
-	return s, nil
 }

@@ -11,8 +11,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/pgdb"
 )
 
-// Config configures a Store; every field but ResetPools and Plain is
-// required.
+// Config configures a Store; every field but ResetPools is required.
 type Config struct {
 	// Table holds the keys: idempotency_requests for this design; a design
 	// built on it keeps its keys apart in a table of the same shape.
@@ -25,10 +24,6 @@ type Config struct {
 	// Restart killed their sessions; nil drops this store's pool only.
 	ResetPools func()
 	Now        lab.Clock // the time keys are created and expire by
-	// Plain runs the design step by step (store.go) without the
-	// optimisations beside it (replay_one_statement.go,
-	// pipelined_commit.go): the same answers, more round trips.
-	Plain bool
 }
 
 // New returns the postgres store.
@@ -48,7 +43,7 @@ func New(cfg Config) (*Store, error) {
 		reset = cfg.Pool.Raw().Reset
 	}
 	return &Store{table: cfg.Table, pool: cfg.Pool, window: cfg.Window, wait: cfg.Wait, appName: cfg.AppName,
-		reset: reset, now: cfg.Now, plain: cfg.Plain}, nil
+		reset: reset, now: cfg.Now}, nil
 }
 
 // DefaultTable is the postgres design's key table.

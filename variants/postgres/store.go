@@ -1,12 +1,11 @@
 // Package postgres is the design that holds: key, ledger entry, outbox event
 // and stored response committed in one PostgreSQL transaction.
 //
-// This file is the design, one statement at a time: the claim, the charge,
-// the completion and the replay. The files beside it only make it faster,
-// each held to the same answers by a test: replay_one_statement.go answers a
-// completed key without a transaction, pipelined_commit.go sends the whole
-// transaction in two round trips. Config.Plain (lab -plain-paths on) runs
-// this file alone.
+// This file is the design, one statement at a time, and the path every
+// attempt takes: the claim, the charge, the completion and the replay.
+// Beside it: bounded_wait.go (the connection and the twin's lock, within the
+// bounded wait), work.go (the slow fault), keys.go (what /idempotency/state
+// shows), stepping.go (what a stepped run reads and moves).
 package postgres
 
 import (
@@ -32,27 +31,17 @@ type Store struct {
 	appName string // application_name of this lab's connections
 	reset   func() // drops every pool's connections after a restart
 	now     lab.Clock
-	plain   bool // the step-by-step path alone
 }
 
 // Charge decides one attempt. A connection dropped before the outcome is
 // known is retried: the key makes the retry safe.
 func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
-	charge := s.chargeStepByStep
-	// A stepped attempt takes the path in this file, whose pause points
-	// fall between its statements.
-	if !s.plain && !lab.Stepped(ctx) {
-		if out, ok, err := s.replayFast(ctx, a); ok || err != nil {
-			return out, err
-		}
-		charge = s.chargePipelined
-	}
 	var (
 		out lab.Outcome
 		err error
 	)
 	for try := 0; try < 3; try++ {
-		out, err = charge(ctx, a)
+		out, err = s.charge(ctx, a)
 		if err == nil || !pgdb.ConnectionLost(err) || ctx.Err() != nil {
 			break
 		}
@@ -60,9 +49,9 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	return out, err
 }
 
-// chargeStepByStep is the design: claim, charge and complete in one
-// transaction, or replay what the key's owner committed.
-func (s *Store) chargeStepByStep(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
+// charge is the design: claim, charge and complete in one transaction, or
+// replay what the key's owner committed.
+func (s *Store) charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) {
 	// Before the connection is taken: a pause here holds nothing.
 	if err := lab.Pause(ctx, lab.PointBeforeClaim); err != nil {
 		return lab.Outcome{}, err

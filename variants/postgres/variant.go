@@ -23,7 +23,7 @@ func Variant() variant.Variant {
 		Needs:       []variant.Need{variant.NeedPostgres},
 		HowToEnable: "set DATABASE_URL (e.g. postgres://postgres@127.0.0.1:5432/test), or install the PostgreSQL server (initdb) for a throwaway cluster",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
-			return New(Config{Table: DefaultTable, Pool: d.Postgres, Window: d.Window, Wait: d.Wait, AppName: d.AppName, ResetPools: d.ResetPools, Now: d.Clock, Plain: d.Plain})
+			return New(Config{Table: DefaultTable, Pool: d.Postgres, Window: d.Window, Wait: d.Wait, AppName: d.AppName, ResetPools: d.ResetPools, Now: d.Clock})
 		},
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries: {Usual: lab.Holds, Holds: "INSERT … ON CONFLICT on the primary key picks one owner; the others wait on its row lock, then replay the committed response",

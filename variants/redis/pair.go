@@ -17,7 +17,7 @@ func (s *Store) pair(client *goredis.Client) *Store {
 		return nil
 	}
 	p := &Store{client: client, ledger: s.ledger, prefix: s.prefix, window: s.window, wait: s.wait,
-		claimTTL: s.claimTTL, where: "the lab's primary and replica pair", now: s.now, plain: s.plain}
+		claimTTL: s.claimTTL, where: "the lab's primary and replica pair", now: s.now}
 	p.onPair = p // on the pair, every attempt stays there
 	return p
 }

@@ -2,12 +2,10 @@
 // failure: a SET NX claim with a TTL in Redis, the completed response cached
 // under the same key, and the ledger in another system.
 //
-// This file is the design: the claim, the charge, the completion and the
-// replay, in that order. Beside it: record.go (what a key's value holds),
-// keys.go (listing and clearing the lab's keys), pair.go (the failover
-// lesson's primary and replica), and the optimisations, each in a file named
-// for what it buys and left out with -plain-paths: onetrip.go (a replay in
-// one command) and wakeups.go (twins here look again at once).
+// This file is the design, and the path every attempt takes: the claim, the
+// charge, the completion and the replay, in that order. Beside it:
+// record.go (what a key's value holds), keys.go (listing and clearing the
+// lab's keys), pair.go (the failover lesson's primary and replica).
 package redis
 
 import (
@@ -33,16 +31,15 @@ type Store struct {
 	claimTTL time.Duration
 	where    string
 	now      lab.Clock
-	// plain runs the design's plain path only: no optimisation of its own
-	// file is used.
-	plain bool
 	// onPair is this store on the lab's primary and replica pair, for the
 	// attempts of a failover run; nil without a pair.
 	onPair *Store
-	wake   lab.Wakeups // see wakeups.go
+	// wake tells twins in this process that a claim they wait on settled,
+	// so they look again at once; twins on other replicas poll.
+	wake lab.Wakeups
 }
 
-// Config configures a Store; every field but Where, Pair and Plain is required.
+// Config configures a Store; every field but Where and Pair is required.
 type Config struct {
 	Client   *goredis.Client
 	Ledger   lab.Ledger
@@ -55,8 +52,6 @@ type Config struct {
 	// Pair, when set, is a client of the lab's primary and replica pair:
 	// attempts carrying redis=pair claim there.
 	Pair *goredis.Client
-	// Plain turns the optimisations off: the store runs its plain path only.
-	Plain bool
 }
 
 // New returns a redis store.
@@ -70,7 +65,7 @@ func New(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("redis: window, wait and claim TTL must be positive (got %s, %s, %s)", cfg.Window, cfg.Wait, cfg.ClaimTTL)
 	}
 	s := &Store{client: cfg.Client, ledger: cfg.Ledger, prefix: cfg.Prefix, window: cfg.Window, wait: cfg.Wait,
-		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: cfg.Now, plain: cfg.Plain}
+		claimTTL: cfg.ClaimTTL, where: cfg.Where, now: cfg.Now}
 	s.onPair = s.pair(cfg.Pair)
 	return s, nil
 }
@@ -126,7 +121,8 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	for {
 		a.ChargeID = lab.NewChargeID()
 		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now(), a.ChargeID)
-		// SET k claim NX PX ttl: only the first attempt's claim is set.
+		// SET k claim NX PX ttl GET: only the first attempt's claim is set;
+		// every other attempt is told, in the same command, what the key holds.
 		held, won, err := s.claimOrRead(ctx, k, claim, ttl)
 		switch {
 		case err != nil:
@@ -161,8 +157,9 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			}
 			continue
 		}
-		// In flight: poll with backoff until the bounded wait runs out,
-		// looking once more at its very end.
+		// In flight: look again when the owner settles here (a twin in this
+		// process) or after a backoff (an owner on another replica), until
+		// the bounded wait runs out, looking once more at its very end.
 		if wait == nil {
 			var stop context.CancelFunc
 			wait, stop = lab.WaitBound(ctx, s.wait)
@@ -170,7 +167,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		} else if wait.Err() != nil && ctx.Err() == nil {
 			return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 		}
-		if err := s.pause(wait, k, backoff); err != nil && ctx.Err() != nil {
+		if err := s.wake.Wait(wait, k, backoff); err != nil && ctx.Err() != nil {
 			return lab.Outcome{}, err
 		}
 		backoff = min(backoff*3/2, 100*time.Millisecond)
@@ -178,18 +175,12 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 }
 
 // claimOrRead sets the claim when the key is absent (won), and otherwise
-// answers what the key holds ("" if it vanished in between).
+// changes nothing and answers what the key holds ("" if it vanished before
+// the look): SET k claim NX PX ttl GET, one round trip (Redis 7.0 or later).
 func (s *Store) claimOrRead(ctx context.Context, k, claim string, ttl time.Duration) (held string, won bool, err error) {
-	if !s.plain {
-		return s.claimOrReadOneTrip(ctx, k, claim, ttl)
-	}
-	won, err = s.client.SetNX(ctx, k, claim, ttl).Result() // SET k claim PX ttl NX
-	if err != nil || won {
-		return "", won, err
-	}
-	held, err = s.client.Get(ctx, k).Result() // GET k
+	held, err = s.client.SetArgs(ctx, k, claim, goredis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
 	if errors.Is(err, goredis.Nil) {
-		return "", false, nil
+		return "", true, nil
 	}
 	return held, false, err
 }

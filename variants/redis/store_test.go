@@ -324,48 +324,34 @@ func benchServer(b *testing.B) string {
 }
 
 // BenchmarkClaim: a fresh key claimed, charged (on a ledger that keeps
-// nothing) and its response stored, on the plain path and the optimised one.
+// nothing) and its response stored.
 func BenchmarkClaim(b *testing.B) {
 	url := benchServer(b)
-	for _, path := range []struct {
-		name  string
-		plain bool
-	}{{"plain", true}, {"optimised", false}} {
-		b.Run(path.name, func(b *testing.B) {
-			s := storeOnPath(b, url, nopLedger{}, path.plain)
-			ctx := context.Background()
-			b.ReportAllocs()
-			for i := 0; b.Loop(); i++ {
-				if _, err := s.Charge(ctx, attempt(fmt.Sprint("fresh-", i), 2500, lab.Faults{})); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+	s := newStore(b, url, nopLedger{})
+	ctx := context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, err := s.Charge(ctx, attempt(fmt.Sprint("fresh-", i), 2500, lab.Faults{})); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 
-// BenchmarkReplay: a retry answered from the stored response, on the plain
-// path (SET NX, then GET) and the optimised one (SET NX GET, one command).
+// BenchmarkReplay: a retry answered from the stored response (SET NX GET,
+// one command).
 func BenchmarkReplay(b *testing.B) {
 	url := benchServer(b)
-	for _, path := range []struct {
-		name  string
-		plain bool
-	}{{"plain", true}, {"optimised", false}} {
-		b.Run(path.name, func(b *testing.B) {
-			s := storeOnPath(b, url, nopLedger{}, path.plain)
-			ctx := context.Background()
-			a := attempt("replayed", 2500, lab.Faults{})
-			if _, err := s.Charge(ctx, a); err != nil {
-				b.Fatal(err)
-			}
-			b.ReportAllocs()
-			for b.Loop() {
-				if out, err := s.Charge(ctx, a); err != nil || !out.Replayed {
-					b.Fatal(out, err)
-				}
-			}
-		})
+	s := newStore(b, url, nopLedger{})
+	ctx := context.Background()
+	a := attempt("replayed", 2500, lab.Faults{})
+	if _, err := s.Charge(ctx, a); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if out, err := s.Charge(ctx, a); err != nil || !out.Replayed {
+			b.Fatal(out, err)
+		}
 	}
 }
 

@@ -26,7 +26,7 @@ func Variant() variant.Variant {
 		HowToEnable: "set REDIS_URL (e.g. redis://127.0.0.1:6379/0), or run lab serve with the embedded Redis (the default)",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
 			return New(Config{Client: d.Redis, Ledger: d.Ledger, Prefix: d.RedisPrefix, Window: d.Window,
-				Wait: d.Wait, ClaimTTL: d.ClaimTTL, Where: d.RedisWhere, Now: d.Clock, Pair: d.RedisPair, Plain: d.Plain})
+				Wait: d.Wait, ClaimTTL: d.ClaimTTL, Where: d.RedisWhere, Now: d.Clock, Pair: d.RedisPair})
 		},
 		Mechanisms: map[variant.Case]variant.Mechanism{
 			variant.CaseRetries: {Usual: lab.Holds, Holds: "SET NX lets one attempt claim the key; the others poll for the completed record and replay it",

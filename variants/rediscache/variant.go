@@ -22,7 +22,7 @@ func Variant() variant.Variant {
 		HowToEnable: "set DATABASE_URL and REDIS_URL (or run lab serve with the throwaway PostgreSQL and the embedded Redis, the defaults)",
 		Open: func(_ context.Context, d variant.Deps) (lab.Store, error) {
 			db, err := postgres.New(postgres.Config{Table: "cached_requests", Pool: d.Postgres, Window: d.Window, Wait: d.Wait,
-				AppName: d.AppName, ResetPools: d.ResetPools, Now: d.Clock, Plain: d.Plain})
+				AppName: d.AppName, ResetPools: d.ResetPools, Now: d.Clock})
 			if err != nil {
 				return nil, err
 			}
