@@ -105,7 +105,7 @@ func runProvider(ctx context.Context, args []string, stderr io.Writer) error {
 		wg.Go(func() { prune.Run(work, d.PruneInterval, cutoff, provider.PruneTargets(pruner), log) })
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(httpserve.Listener(ln)) }()
 	log.Info("provider listening", "url", "http://"+ln.Addr().String()+"/provider", "records", where, "webhooks", *webhookURL)
 	select {
 	case <-ctx.Done():

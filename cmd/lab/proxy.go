@@ -58,7 +58,7 @@ func runProxy(ctx context.Context, args []string, stderr io.Writer) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { f.Run(checks) })
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	go func() { served <- srv.Serve(httpserve.Listener(ln)) }()
 	log.Info("front listening", "addr", ln.Addr().String(), "replicas", urls)
 	select {
 	case <-ctx.Done():

@@ -430,11 +430,15 @@ func (s *Server) postCharge(c echo.Context) error {
 		c.Response().Header().Set(lab.KeyHeader, wire.FormatKeyHeader(key))
 	}
 	var faults lab.Faults
-	if h := r.Header.Get(lab.FaultHeader); h != "" {
+	fault, err := wire.OneField(lab.FaultHeader, r.Header.Values(lab.FaultHeader))
+	if err != nil {
+		return err
+	}
+	if fault != "" {
 		if !s.cfg.FaultsEnabled {
 			return lab.Invalid(lab.FaultHeader, "fault injection is disabled on this server")
 		}
-		if faults, err = lab.ParseFaults(h); err != nil {
+		if faults, err = lab.ParseFaults(fault); err != nil {
 			return err
 		}
 		if faults.Pauses() {
@@ -448,13 +452,14 @@ func (s *Server) postCharge(c echo.Context) error {
 			defer release()
 		}
 	}
-	run := r.Header.Get("Lab-Run")
+	run, err := wire.OneField("Lab-Run", r.Header.Values("Lab-Run"))
+	if err != nil {
+		return err
+	}
 	if run != "" {
 		if err := lab.CheckText("Lab-Run", run, 64); err != nil {
 			return err
 		}
-	}
-	if run != "" {
 		if err := s.checkRun(r.Context(), run, who.Namespace); err != nil {
 			return err
 		}

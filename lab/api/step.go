@@ -292,7 +292,10 @@ func stepProblem(err error) error {
 // header that names no stepped run of the caller's namespace is refused.
 func (s *Server) stepGate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		h := c.Request().Header.Get(step.Header)
+		h, err := wire.OneField(step.Header, c.Request().Header.Values(step.Header))
+		if err != nil {
+			return err
+		}
 		if h == "" {
 			return next(c)
 		}

@@ -359,7 +359,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		http: httpserve.New(srv.Handler(), a.cfg.Timeouts()),
 	}
 	go func() {
-		err := r.http.Serve(ln)
+		err := r.http.Serve(httpserve.Listener(ln))
 		if errors.Is(err, http.ErrServerClosed) {
 			err = nil
 		}

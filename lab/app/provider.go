@@ -95,7 +95,7 @@ func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) 
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(httpserve.Listener(ln)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.cfg.Logger.Error("the provider stopped serving", "err", err)
 		}
 	}()

@@ -56,8 +56,9 @@ func TestTimeoutsCloseSlowClients(t *testing.T) {
 }
 
 // TestBodiesMustSayTheirLength: chunked bodies, a request with both
-// Content-Length and Transfer-Encoding among them, and oversized bodies
-// are refused before anything reads them, and nothing is charged.
+// Content-Length and Transfer-Encoding among them, an unsupported coding,
+// a malformed head and oversized bodies are refused with a problem before
+// anything reads them, and nothing is charged.
 func TestBodiesMustSayTheirLength(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, labConfig())
@@ -92,6 +93,10 @@ func TestBodiesMustSayTheirLength(t *testing.T) {
 		{"Chunked", head + "Transfer-Encoding: chunked\r\n\r\n" + chunk, http.StatusLengthRequired},
 		{"ContentLengthAndTransferEncoding", head + "Content-Length: 57\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk, http.StatusLengthRequired},
 		{"TooLarge", head + "Content-Length: 70000\r\n\r\n", http.StatusRequestEntityTooLarge},
+		// net/http refuses a coding other than chunked alone before any
+		// handler runs: still a problem, and a 400.
+		{"IdentityThenChunked", head + "Transfer-Encoding: identity, chunked\r\n\r\n" + chunk, http.StatusBadRequest},
+		{"MalformedHeader", head + "No colon here\r\n\r\n", http.StatusBadRequest},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := send(t, tc.raw); got != tc.want {

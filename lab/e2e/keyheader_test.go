@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -41,5 +42,27 @@ func TestIdempotencyKeyHeader(t *testing.T) {
 		if n := keyCharges(t, a, "acme", memory.Name, k); n != 0 {
 			t.Fatalf("the refused request charged %q", k)
 		}
+	}
+}
+
+// TestLabHeadersSentOnce: Lab-Run, Lab-Fault and Lab-Step, sent twice, are
+// refused with 400 naming the header, as a repeated Idempotency-Key is,
+// and nothing is charged: the lab would otherwise honour the first.
+func TestLabHeadersSentOnce(t *testing.T) {
+	t.Parallel()
+	a := labtest.Start(t, labConfig())
+	for _, name := range []string{"Lab-Run", lab.FaultHeader, "Lab-Step"} {
+		t.Run(name, func(t *testing.T) {
+			key := "k-once-" + name
+			h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Content-Type": {"application/json"},
+				lab.KeyHeader: {key}, name: {"slow", "slow"}}
+			r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500)
+			if p := labtest.Decode[lab.Problem](t, r); r.Status != http.StatusBadRequest || p.Param != name || !strings.Contains(p.Detail, "sent once") {
+				t.Fatalf("%s twice: %d %s", name, r.Status, r.Body)
+			}
+			if n := keyCharges(t, a, "acme", memory.Name, key); n != 0 {
+				t.Fatalf("the refused request charged %d times", n)
+			}
+		})
 	}
 }

@@ -63,6 +63,19 @@ func parseSFString(raw string) (string, error) {
 	return "", lab.Invalid(lab.KeyHeader, "opens a quote it never closes")
 }
 
+// OneField reads a header that a request may send once at most: its one
+// field line, "" when there is none, and 400 naming the header when there
+// are more (which one would the server honour?).
+func OneField(name string, lines []string) (string, error) {
+	if len(lines) > 1 {
+		return "", lab.Invalid(name, "must be sent once (got %d fields)", len(lines))
+	}
+	if len(lines) == 0 {
+		return "", nil
+	}
+	return lines[0], nil
+}
+
 // FormatKeyHeader writes key as the sf-string the response echoes; a key
 // beyond printable ASCII, which no sf-string can hold, is echoed as it came.
 func FormatKeyHeader(key string) string {
