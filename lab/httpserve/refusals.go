@@ -56,10 +56,13 @@ func refusal(b []byte) (lab.Problem, bool) {
 	if !ok {
 		return lab.Problem{}, false
 	}
-	statusLine, text, ok := bytes.Cut(rest, []byte(plainRefusal))
-	if !ok || bytes.ContainsAny(statusLine, "\r\n") || len(statusLine) < 3 {
+	// Only the status line is read before the check: every answer of a
+	// handler passes here too.
+	end := bytes.IndexByte(rest, '\r')
+	if end < 3 || !bytes.HasPrefix(rest[end:], []byte(plainRefusal)) {
 		return lab.Problem{}, false
 	}
+	statusLine, text := rest[:end], rest[end+len(plainRefusal):]
 	status, err := strconv.Atoi(string(statusLine[:3]))
 	if err != nil || status < 400 {
 		return lab.Problem{}, false
