@@ -80,3 +80,58 @@ func (s Signal) WaitUntil(tb TB, what string, cond func() bool) {
 		}
 	}
 }
+
+// Values is a named point that hands the test a value each time it is
+// reached (the token a claim won, say). Unlike a Signal it does not
+// coalesce: every value reaches the test, in order.
+type Values[T any] struct {
+	c chan T
+}
+
+// NewValues returns Values a test can wait on, holding up to n values the
+// test has not taken yet.
+func NewValues[T any](n int) Values[T] { return Values[T]{c: make(chan T, n)} }
+
+// Send hands v to the test; on zero Values it does nothing. Once n values
+// wait untaken it panics: the test armed the point and stopped taking them.
+func (p Values[T]) Send(v T) {
+	if p.c == nil {
+		return
+	}
+	select {
+	case p.c <- v:
+	default:
+		panic("testsignal: a point's values are full: the test armed it and stopped taking them")
+	}
+}
+
+// Wait returns the next value, failing the test after Timeout.
+func (p Values[T]) Wait(tb TB, what string) T {
+	tb.Helper()
+	var v T
+	if p.c == nil {
+		tb.Fatalf("waiting for %s on values no test armed (make them with testsignal.NewValues)", what)
+		return v
+	}
+	t := time.NewTimer(Timeout)
+	defer t.Stop()
+	select {
+	case v = <-p.c:
+	case <-t.C:
+		tb.Fatalf("%s: not reached within %s", what, Timeout)
+	}
+	return v
+}
+
+// Taken returns the values sent and not yet taken, without waiting.
+func (p Values[T]) Taken() []T {
+	var out []T
+	for {
+		select {
+		case v := <-p.c:
+			out = append(out, v)
+		default:
+			return out
+		}
+	}
+}

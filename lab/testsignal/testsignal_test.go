@@ -59,3 +59,23 @@ func TestWaitUntil(t *testing.T) {
 	}()
 	s.WaitUntil(t, "five steps", func() bool { return n.Load() == 5 })
 }
+
+// TestValuesKeepEachValue: every value sent reaches the test, in order;
+// zero Values neither block nor keep anything.
+func TestValuesKeepEachValue(t *testing.T) {
+	var zero testsignal.Values[int]
+	zero.Send(1)
+	if got := zero.Taken(); len(got) != 0 {
+		t.Fatalf("zero values kept %v", got)
+	}
+	p := testsignal.NewValues[int](4)
+	for i := range 3 {
+		p.Send(i)
+	}
+	if v := p.Wait(t, "the first value"); v != 0 {
+		t.Fatalf("first value %d, want 0", v)
+	}
+	if got := p.Taken(); fmt.Sprint(got) != "[1 2]" {
+		t.Fatalf("then %v, want [1 2]", got)
+	}
+}

@@ -8,18 +8,24 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // Store claims keys in lease_requests and writes charges fenced by the
 // claim's token.
 type Store struct {
-	pool    *pgdb.Pool    // every connection taken for a namespace, within its budget
-	window  time.Duration // retention of completed keys
-	wait    time.Duration // how long a twin waits before 202 Accepted
-	lease   time.Duration // default lifetime of a claim
-	now     lab.Clock
-	log     *slog.Logger
-	signals signals // see signals.go
+	pool   *pgdb.Pool    // every connection taken for a namespace, within its budget
+	window time.Duration // retention of completed keys
+	wait   time.Duration // how long a twin waits before 202 Accepted
+	lease  time.Duration // default lifetime of a claim
+	now    lab.Clock
+	log    *slog.Logger
+	// signals are the store's named points a test can wait on (armed by
+	// export_test.go); outside tests each is one nil check.
+	signals struct {
+		claimed  testsignal.Values[int64] // phase one committed: the token won
+		renewing testsignal.Values[int64] // the heartbeat started for the token
+	}
 	// stepClaims names the stepped attempts that won tokens (stepping.go).
 	stepClaims stepClaims
 }

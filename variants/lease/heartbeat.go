@@ -12,7 +12,7 @@ import (
 // returned func stops it and waits until it stopped. A renewal that finds
 // the token gone stops: the write will be fenced.
 func (s *Store) heartbeat(ctx context.Context, sc lab.Scope, cl claim, lease time.Duration) (stop func()) {
-	s.signals.renewing.signal(cl.token)
+	s.signals.renewing.Send(cl.token)
 	every := max(lease/3, 10*time.Millisecond)
 	done, stopped := make(chan struct{}), make(chan struct{})
 	go func() {

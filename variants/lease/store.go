@@ -6,7 +6,7 @@
 //
 // This file is the design, in order: the claim, the renewal, the fenced
 // write with its completion, the fence's refusal, the replay. Beside it:
-// config.go, heartbeat.go, keys.go, signals.go, twin_wait.go (a twin's
+// config.go, heartbeat.go, keys.go, twin_wait.go (a twin's
 // bounded poll) and stepping.go (what a stepped run reads and moves).
 // Twins poll: waking them at once (lab.Wakeups) made 64 concurrent
 // attempts slower in lab bench.
@@ -44,7 +44,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		return out, err
 	}
 	lab.Mark(ctx, lab.PhaseClaim) // phase one committed
-	s.signals.claimed.signal(cl.token)
+	s.signals.claimed.Send(cl.token)
 	s.hold(ctx, a.Scope, cl.token)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays until its lease ends; then a retry takes over
