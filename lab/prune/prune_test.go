@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idempotency-lab/lab/lab/testsignal"
 	"go.uber.org/goleak"
 )
 
@@ -16,6 +17,8 @@ type rows struct {
 	mu    sync.Mutex
 	ages  []time.Time // oldest first
 	calls []int       // what each prune call deleted
+	// pruned is signalled after each call: the test waits on it.
+	pruned testsignal.Signal
 }
 
 func (r *rows) prune(_ context.Context, before time.Time, limit int) (int, error) {
@@ -27,6 +30,7 @@ func (r *rows) prune(_ context.Context, before time.Time, limit int) (int, error
 	}
 	r.ages = r.ages[n:]
 	r.calls = append(r.calls, n)
+	r.pruned.Signal()
 	return n, nil
 }
 
@@ -52,7 +56,7 @@ func TestPruneAllInBatches(t *testing.T) {
 func TestPrunerStopsOnShutdown(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	t0 := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
-	r := &rows{ages: []time.Time{t0, t0.Add(time.Hour)}}
+	r := &rows{ages: []time.Time{t0, t0.Add(time.Hour)}, pruned: testsignal.New()}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() {
@@ -60,17 +64,15 @@ func TestPrunerStopsOnShutdown(t *testing.T) {
 		Run(ctx, time.Millisecond, func() time.Time { return t0.Add(time.Minute) },
 			[]Target{{"rows", r.prune}}, slog.New(slog.DiscardHandler))
 	}()
-	for {
+	var left int
+	r.pruned.WaitUntil(t, "two passes of the pruner", func() bool {
 		r.mu.Lock()
-		passes, left := len(r.calls), len(r.ages)
-		r.mu.Unlock()
-		if passes >= 2 {
-			if left != 1 {
-				t.Fatalf("%d rows left, want the younger one", left)
-			}
-			break
-		}
-		time.Sleep(time.Millisecond)
+		defer r.mu.Unlock()
+		left = len(r.ages)
+		return len(r.calls) >= 2
+	})
+	if left != 1 {
+		t.Fatalf("%d rows left, want the younger one", left)
 	}
 	cancel()
 	select {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -40,10 +41,12 @@ func (p *counting) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 		p.inFlight[e.ID]--
 		p.mu.Unlock()
 	}()
-	// A delivery takes a while, as a real one does: the window in which a
-	// second worker, were the claim not fenced, would overlap it. The
-	// duration is what is simulated, not a wait for the test.
-	time.Sleep(50 * time.Microsecond)
+	// A delivery gives the other workers their turn, as a real one waiting
+	// on the network does: the window in which a second worker, were the
+	// claim not fenced, would overlap it (widened by yields, not by time).
+	for range 20 {
+		runtime.Gosched()
+	}
 	return p.Receiver.Deliver(ctx, e)
 }
 
