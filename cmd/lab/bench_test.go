@@ -22,6 +22,7 @@ import (
 // bench promises: every phase ran, every ledger check held, every path
 // moved. It never asserts a speed: the machine decides those.
 func TestBenchSmoke(t *testing.T) {
+	// Not parallel: its goroutine check would see the other tests' servers.
 	stores := []lab.StoreName{"unsafe", "memory"}
 	out := filepath.Join(t.TempDir(), "bench.json")
 	args := []string{"bench", "-smoke", "-json", out, "-embedded-postgres", "off", "-embedded-redis", "off"}

@@ -74,6 +74,7 @@ var holdingCases = []string{"missing-key", "sf-string", "bare-key", "two-fields"
 // in-flight wait is short and the first request slow, so the retry sees
 // the first at work: a 409 (memory, redis, postgres), 202 (lease) or a wait.
 func TestCheckEveryDesign(t *testing.T) {
+	t.Parallel()
 	dbURL, schema := labtest.Postgres(t)
 	redisURL, prefix := labtest.Redis(t)
 	a := startLab(t, func(c *app.Config) {
@@ -123,6 +124,7 @@ func TestCheckEveryDesign(t *testing.T) {
 // the round-robin front of three replicas (each its own map) its storm
 // breaks.
 func TestCheckMemoryBehindAFront(t *testing.T) {
+	t.Parallel()
 	a := startLab(t)
 	targets, err := a.Targets(context.Background(), 3)
 	if err != nil {
@@ -200,6 +202,7 @@ func exerciseArgs(base string) []string {
 // its retention included; its check-then-act twin fails the storm and the
 // history.
 func TestCheckExercise(t *testing.T) {
+	t.Parallel()
 	t.Run("reference", func(t *testing.T) {
 		base := exercise(t, "reference.py", "--retention-s", "1")
 		rep, err := runLabCheck(t, append(exerciseArgs(base), "-retention", "1s")...)

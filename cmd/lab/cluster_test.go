@@ -134,6 +134,7 @@ func schemaOf(t *testing.T, p *process) string {
 }
 
 func TestThreeProcesses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts three lab processes")
 	}

@@ -124,6 +124,7 @@ func scriptMatrixRow(out, title string) []string {
 }
 
 func TestClusterScript(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a three-replica cluster and runs the breakage matrix; not in -short")
 	}
@@ -229,6 +230,7 @@ func TestClusterScript(t *testing.T) {
 }
 
 func TestWalkthroughScript(t *testing.T) {
+	t.Parallel()
 	scriptNeedTools(t, "bash", "curl", "python3")
 	const steps = "walkthrough passed: 14 steps"
 

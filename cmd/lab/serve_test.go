@@ -21,6 +21,7 @@ import (
 // no DATABASE_URL, no REDIS_URL — and checks it serves every store from its
 // embedded services, then leaves no process or directory behind on SIGINT.
 func TestZeroConfigServe(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts the binary and a PostgreSQL cluster")
 	}

@@ -26,6 +26,7 @@ import (
 // TestFaults reproduces, from real runs, where each store holds and breaks.
 // Every case reads the ledger, not the report alone.
 func TestFaults(t *testing.T) {
+	t.Parallel()
 	a := labtest.Start(t, fullConfig(t))
 	cases := []struct {
 		name    string
@@ -168,6 +169,7 @@ func TestOutboxFailureReports(t *testing.T) {
 // TestMatrix runs the breakage matrix once and checks its verdicts against
 // the brief's lesson and its markdown against the README's copy.
 func TestMatrix(t *testing.T) {
+	t.Parallel()
 	cfg := fullConfig(t)
 	cfg.RedisPair = true // the failover row runs on two redis-server processes
 	a := labtest.Start(t, cfg)

@@ -69,6 +69,7 @@ func (s services) Run() (code int) {
 	if !flag.Parsed() {
 		flag.Parse() // for testing.Verbose and -test.parallel; m.Run parses once
 	}
+	waitBoundParallel()
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	pg := s.startPostgres(ctx)
 	rd := s.startRedis(ctx)
@@ -84,6 +85,18 @@ func (s services) Run() (code int) {
 		fmt.Fprintf(os.Stderr, "labtest: PostgreSQL: %s; Redis: %s\n", pg.what, rd.what)
 	}
 	return s.m.Run()
+}
+
+// waitBoundParallel lets four parallel tests run at once, not one per
+// core, unless -parallel says otherwise: tests with the services spend
+// their time waiting on servers, processes and timers, not computing.
+func waitBoundParallel() {
+	const n = 4
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set && runtime.GOMAXPROCS(0) < n {
+		_ = flag.Set("test.parallel", strconv.Itoa(n))
+	}
 }
 
 // startPostgres gives the tests DATABASE_URL: the one set, or a throwaway
