@@ -195,6 +195,16 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 		t.Errorf("the registered toy variant is %+v in the page", last)
 	}
 
+	// A matrix cell whose check ran out of time says it is not proved; a
+	// proved one does not.
+	for checked, want := range map[string]bool{"unknown": true, "linearizable": false} {
+		html, err := chromedp.Run(ctx, chromedp.Evaluate[string](`cellHTML("retries", {available: true, store: "postgres", verdict: "holds",
+			charges: 1, expected_charges: 1, explanation: "one charge", checked: "`+checked+`"})`))
+		if err != nil || strings.Contains(html, "not proved") != want || strings.Contains(html, `data-checked="unknown"`) != want {
+			t.Errorf("a cell checked %s: %q (%v); want it said not proved: %v", checked, html, err, want)
+		}
+	}
+
 	faults := read("#fault")
 	want := []string{""}
 	for _, f := range lab.FaultSpecs() {
