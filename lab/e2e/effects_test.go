@@ -30,7 +30,10 @@ func effectsConfig(t *testing.T, opts ...func(*app.Config)) app.Config {
 		c.DatabaseURL, c.PGSchema = url, schema
 		c.Relay.Interval, c.Relay.Workers, c.Relay.MaxAttempts = 5*time.Millisecond, 4, 60
 		c.Relay.BaseBackoff, c.Relay.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-		c.ProviderTimeout = 300 * time.Millisecond
+		// Short, so a withheld answer times out soon; not shorter, for every
+		// other call to the provider shares it and a loaded machine runs
+		// four such labs at once (at 300 ms one call failed, and the matrix with it).
+		c.ProviderTimeout = time.Second
 	}}, opts...)...)
 }
 
