@@ -46,17 +46,26 @@ func (s Signal) Signal() {
 // wait), failing the test after Timeout.
 func (s Signal) WaitOrTimeout(tb TB, what string) {
 	tb.Helper()
-	if s.c == nil {
-		tb.Fatalf("waiting for %s on a signal no test armed (make it with testsignal.New)", what)
-		return
+	receive(tb, what, s.c, "a signal no test armed (make it with testsignal.New)")
+}
+
+// receive takes the next value from c, failing the test when c is nil
+// (unarmed) or nothing comes within Timeout.
+func receive[T any](tb TB, what string, c chan T, unarmed string) T {
+	tb.Helper()
+	var v T
+	if c == nil {
+		tb.Fatalf("waiting for %s on %s", what, unarmed)
+		return v
 	}
 	t := time.NewTimer(Timeout)
 	defer t.Stop()
 	select {
-	case <-s.c:
+	case v = <-c:
 	case <-t.C:
 		tb.Fatalf("%s: not signalled within %s", what, Timeout)
 	}
+	return v
 }
 
 // WaitUntil waits until cond holds: it checks cond, then again each time
@@ -108,19 +117,7 @@ func (p Values[T]) Send(v T) {
 // Wait returns the next value, failing the test after Timeout.
 func (p Values[T]) Wait(tb TB, what string) T {
 	tb.Helper()
-	var v T
-	if p.c == nil {
-		tb.Fatalf("waiting for %s on values no test armed (make them with testsignal.NewValues)", what)
-		return v
-	}
-	t := time.NewTimer(Timeout)
-	defer t.Stop()
-	select {
-	case v = <-p.c:
-	case <-t.C:
-		tb.Fatalf("%s: not reached within %s", what, Timeout)
-	}
-	return v
+	return receive(tb, what, p.c, "values no test armed (make them with testsignal.NewValues)")
 }
 
 // Taken returns the values sent and not yet taken, without waiting.
