@@ -2,6 +2,7 @@ package lease_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"testing"
@@ -223,5 +224,34 @@ func TestTakeOverLosesToACompletion(t *testing.T) {
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = $1`, key).Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the ledger holds %d charge(s) (%v), want 1", n, err)
+	}
+}
+
+// TestHungUpClientReleasesItsClaim: a client that hangs up while its
+// attempt works (its request's context ends) gives the claim back before
+// any write, so its retry charges at once instead of waiting out the
+// minute-long lease, and the ledger holds the retry's one charge.
+func TestHungUpClientReleasesItsClaim(t *testing.T) {
+	s, pool := setup(t, time.Now)
+	signals := lease.ArmSignals(s)
+	const key = "k-hung-up"
+	reqCtx, hangUp := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Charge(reqCtx, attempt(key, lab.Faults{Point: lab.FaultSlow, Work: time.Minute}))
+		done <- err
+	}()
+	signals.WaitClaimed(t)
+	hangUp()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the hung-up attempt: %v; want its context's end", err)
+	}
+	retry, err := s.Charge(t.Context(), attempt(key, lab.Faults{}))
+	if err != nil || retry.Replayed || retry.Pending != nil || retry.Response.Status != http.StatusCreated {
+		t.Fatalf("the retry after the hang-up: %+v %v; want a fresh 201 at once, not the lease's wait", retry, err)
+	}
+	var charges int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM charges WHERE tenant_id = 'acme' AND idempotency_key = $1`, key).Scan(&charges); err != nil || charges != 1 {
+		t.Fatalf("ledger: %d charge(s) (%v); want the retry's one", charges, err)
 	}
 }
