@@ -28,6 +28,10 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if ctx.Err() != nil { // Ctrl-C or SIGTERM cut it short: a requested stop, not a failure
+			fmt.Fprintln(os.Stderr, "lab: stopped:", context.Cause(ctx))
+			os.Exit(130)
+		}
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "lab:", err)
 		}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
@@ -280,4 +283,90 @@ func TestWalkthroughScript(t *testing.T) {
 			t.Errorf("against %s with nothing listening: exit %d, want non-zero and a clear message:\n%s", url, code, out)
 		}
 	})
+}
+
+// TestClusterScriptInterrupted: Ctrl-C while the script's matrix runs
+// (SIGINT to its whole process group, as a terminal sends it) stops every
+// process it started, drops its data and exits 130, a requested stop: no
+// failure reported, no logs dumped.
+func TestClusterScriptInterrupted(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts a three-replica cluster; not in -short")
+	}
+	scriptNeedTools(t, "bash", "go", "curl", "python3")
+	dbURL, schema := labtest.Postgres(t)
+	redisURL, prefix := labtest.Redis(t)
+	ports := labtest.FreePorts(t, 4)
+	cmd := exec.Command("bash", "../../scripts/cluster.sh")
+	cmd.Env = append(os.Environ(),
+		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]), fmt.Sprintf("FRONT_PORT=%d", ports[3]),
+		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "LAB_PG_SCHEMA="+schema, "LAB_REDIS_PREFIX="+prefix,
+		"LAB_ADMIN_TOKEN=", "CLUSTER_REDIS_PAIR=off")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a group of its own, as a terminal's foreground job
+	cmd.WaitDelay = 30 * time.Second
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	var out strings.Builder
+	matrixRunning := make(chan struct{})
+	read := make(chan struct{})
+	go func() {
+		defer close(read)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+			if strings.HasPrefix(sc.Text(), "breakage matrix") {
+				close(matrixRunning)
+			}
+		}
+	}()
+	select {
+	case <-matrixRunning:
+		// The matrix has started once it charged: the ledger grows past
+		// what the comparison before it left.
+		conn, err := pgx.Connect(t.Context(), dbURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close(context.Background())
+		charges := func() (n int) {
+			if err := conn.QueryRow(t.Context(), fmt.Sprintf(`SELECT count(*) FROM %q.charges`, schema)).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+		before := charges()
+		labtest.Eventually(t, "the matrix's first charge", func() bool { return charges() > before })
+	case <-read:
+		t.Fatalf("cluster.sh ended before its matrix:\n%s", out.String())
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	waited := cmd.Wait()
+	<-read
+	t.Logf("cluster.sh output:\n%s", out.String())
+	var exit *exec.ExitError
+	if !errors.As(waited, &exit) || exit.ExitCode() != 130 {
+		t.Errorf("cluster.sh after Ctrl-C: %v; want exit status 130", waited)
+	}
+	got := out.String()
+	scriptGone(t, "lab", scriptPIDs(t, got, "cluster pids:"))
+	for _, want := range []string{"cluster.sh: interrupted, stopping", "lab: stopped: interrupt signal received", "cluster stopped: 4 processes", "dropped schema " + schema} {
+		if !strings.Contains(got, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	for _, failure := range []string{"--- last lines of", "lab matrix failed", "FAILED", "error asking"} {
+		if strings.Contains(got, failure) {
+			t.Errorf("a requested stop reported as a failure: output has %q", failure)
+		}
+	}
 }
