@@ -207,3 +207,19 @@ func PruneInBatches(tb testing.TB, prune func(context.Context, time.Time, int) (
 		}
 	}
 }
+
+// Answer is a store's answer to one attempt.
+type Answer struct {
+	Out lab.Outcome
+	Err error
+}
+
+// ChargeAsync sends a to s on a goroutine; its answer comes on the channel.
+func ChargeAsync(ctx context.Context, s lab.Store, a lab.Attempt) <-chan Answer {
+	done := make(chan Answer, 1)
+	go func() {
+		out, err := s.Charge(ctx, a)
+		done <- Answer{out, err}
+	}()
+	return done
+}

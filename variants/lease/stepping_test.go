@@ -16,30 +16,16 @@ import (
 	"github.com/idempotency-lab/lab/variants/lease"
 )
 
-type answer struct {
-	out lab.Outcome
-	err error
-}
-
-// charge sends a on a goroutine; its answer comes on the channel.
-func charge(ctx context.Context, s *lease.Store, a lab.Attempt) <-chan answer {
-	done := make(chan answer, 1)
-	go func() {
-		out, err := s.Charge(ctx, a)
-		done <- answer{out, err}
-	}()
-	return done
-}
 
 // answerOf waits for an attempt's answer; the test fails after 10 seconds.
-func answerOf(t *testing.T, who string, done <-chan answer) answer {
+func answerOf(t *testing.T, who string, done <-chan labtest.Answer) labtest.Answer {
 	t.Helper()
 	select {
 	case ans := <-done:
 		return ans
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s did not answer within 10s", who)
-		return answer{}
+		return labtest.Answer{}
 	}
 }
 
@@ -100,7 +86,7 @@ func TestSteppedStaleWorkerIsFenced(t *testing.T) {
 	g1, g2 := labtest.NewStepGate("step-f/1"), labtest.NewStepGate("step-f/2")
 	inspect(t, s, a.Scope, lab.KeyAbsent, "no row")
 
-	first := charge(lab.WithStepGate(ctx, g1), s, a) // 1: sent
+	first := labtest.ChargeAsync(lab.WithStepGate(ctx, g1), s, a) // 1: sent
 	g1.At(t, lab.PointBeforeClaim)
 	g1.Move() // 1: claims
 	g1.At(t, lab.PointAfterClaim)
@@ -115,7 +101,7 @@ func TestSteppedStaleWorkerIsFenced(t *testing.T) {
 		t.Fatalf("key after the lease move: %+v (%v); want it free to take over", k, err)
 	}
 
-	second := charge(lab.WithStepGate(ctx, g2), s, a) // 2: sent
+	second := labtest.ChargeAsync(lab.WithStepGate(ctx, g2), s, a) // 2: sent
 	g2.At(t, lab.PointBeforeClaim)
 	g2.Move() // 2: takes over
 	g2.At(t, lab.PointAfterClaim)
@@ -127,15 +113,15 @@ func TestSteppedStaleWorkerIsFenced(t *testing.T) {
 
 	g2.Move() // 2: writes, charges, answers
 	took := answerOf(t, "attempt 2", second)
-	if took.err != nil || took.out.Replayed || took.out.Response.Status != http.StatusCreated {
-		t.Fatalf("attempt 2: %+v %v; want its own 201", took.out, took.err)
+	if took.Err != nil || took.Out.Replayed || took.Out.Response.Status != http.StatusCreated {
+		t.Fatalf("attempt 2: %+v %v; want its own 201", took.Out, took.Err)
 	}
 	inspect(t, s, a.Scope, lab.KeyCompleted, "completed: 201, charge ch_")
 
 	g1.Move() // 1: writes with the stale token, fenced
 	fenced := answerOf(t, "attempt 1", first)
-	if fenced.err != nil || !fenced.out.Replayed || string(fenced.out.Response.Body) != string(took.out.Response.Body) {
-		t.Fatalf("attempt 1: %+v %v; want attempt 2's charge replayed to it", fenced.out, fenced.err)
+	if fenced.Err != nil || !fenced.Out.Replayed || string(fenced.Out.Response.Body) != string(took.Out.Response.Body) {
+		t.Fatalf("attempt 1: %+v %v; want attempt 2's charge replayed to it", fenced.Out, fenced.Err)
 	}
 	inspect(t, s, a.Scope, lab.KeyCompleted, "a write with stale token "+strconv.FormatInt(stale, 10)+" was fenced")
 
@@ -161,13 +147,13 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 	const key = "k-step-wait"
 	a := attempt(key, lab.Faults{})
 	g1, g2 := labtest.NewStepGate("step-w/1"), labtest.NewStepGate("step-w/2")
-	first := charge(lab.WithStepGate(ctx, g1), s, a)
+	first := labtest.ChargeAsync(lab.WithStepGate(ctx, g1), s, a)
 	g1.At(t, lab.PointBeforeClaim)
 	g1.Move()
 	g1.At(t, lab.PointAfterClaim)
 	token := signals.WaitClaimed(t)
 
-	second := charge(lab.WithStepGate(ctx, g2), s, a)
+	second := labtest.ChargeAsync(lab.WithStepGate(ctx, g2), s, a)
 	g2.At(t, lab.PointBeforeClaim)
 	g2.Move() // finds the live claim and polls it
 	g2.EndWaits()
@@ -175,13 +161,13 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	ans := answerOf(t, "attempt 2", second)
-	if ans.err != nil || ans.out.Pending == nil || ans.out.Pending.Token != token {
-		t.Fatalf("attempt 2 after the wait move: %+v %v; want 202 pending on token %d", ans.out, ans.err, token)
+	if ans.Err != nil || ans.Out.Pending == nil || ans.Out.Pending.Token != token {
+		t.Fatalf("attempt 2 after the wait move: %+v %v; want 202 pending on token %d", ans.Out, ans.Err, token)
 	}
 
 	g1.Move()
-	if done := answerOf(t, "attempt 1", first); done.err != nil || done.out.Response.Status != http.StatusCreated {
-		t.Fatalf("attempt 1: %+v %v", done.out, done.err)
+	if done := answerOf(t, "attempt 1", first); done.Err != nil || done.Out.Response.Status != http.StatusCreated {
+		t.Fatalf("attempt 1: %+v %v", done.Out, done.Err)
 	}
 	if charges, _, _ := ledger(t, pool, key); charges != 1 {
 		t.Fatalf("%d charges before the window, want 1", charges)
@@ -211,14 +197,14 @@ func TestSteppedAttemptGivingUpReleasesItsClaim(t *testing.T) {
 	a := attempt(key, lab.Faults{})
 	g := labtest.NewStepGate("step-a/1")
 	ctx, abort := context.WithCancel(lab.WithStepGate(t.Context(), g))
-	done := charge(ctx, s, a)
+	done := labtest.ChargeAsync(ctx, s, a)
 	g.At(t, lab.PointBeforeClaim)
 	g.Move()
 	g.At(t, lab.PointAfterClaim)
 	signals.WaitClaimed(t)
 	abort()
-	if ans := answerOf(t, "the aborted attempt", done); !errors.Is(ans.err, context.Canceled) {
-		t.Fatalf("the aborted attempt: %+v %v; want its context's end", ans.out, ans.err)
+	if ans := answerOf(t, "the aborted attempt", done); !errors.Is(ans.Err, context.Canceled) {
+		t.Fatalf("the aborted attempt: %+v %v; want its context's end", ans.Out, ans.Err)
 	}
 	inspect(t, s, a.Scope, lab.KeyInFlight, "lease ended 0 ms ago")
 	out, err := s.Charge(t.Context(), a)

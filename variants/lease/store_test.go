@@ -57,15 +57,7 @@ func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
 	ctx := t.Context()
 	const key = "k-stale"
 	owner := attempt(key, lab.Faults{Point: lab.FaultStaleWorker, Work: time.Second, ClaimTTL: 200 * time.Millisecond})
-	type answer struct {
-		out lab.Outcome
-		err error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		out, err := s.Charge(ctx, owner)
-		done <- answer{out, err}
-	}()
+	done := labtest.ChargeAsync(ctx, s, owner)
 	// The claim is committed (visible while the work runs), then its lease
 	// ends: the paused worker renews nothing.
 	claimedToken := signals.WaitClaimed(t)
@@ -90,8 +82,8 @@ func TestStaleWorkerIsFencedByTheLedger(t *testing.T) {
 		t.Fatalf("after the take-over: %+v; want a token above %d, completed", op, staleToken)
 	}
 	stale := <-done
-	if stale.err != nil || !stale.out.Replayed || string(stale.out.Response.Body) != string(taken.Response.Body) {
-		t.Fatalf("the stale worker: %+v %v; want the take-over's charge replayed to it", stale.out, stale.err)
+	if stale.Err != nil || !stale.Out.Replayed || string(stale.Out.Response.Body) != string(taken.Response.Body) {
+		t.Fatalf("the stale worker: %+v %v; want the take-over's charge replayed to it", stale.Out, stale.Err)
 	}
 
 	// What the database holds, asked directly.
@@ -201,15 +193,7 @@ func TestTakeOverLosesToACompletion(t *testing.T) {
 		return n
 	}
 	waitFor("the woken holder waiting on the key row", func() bool { return waiting() >= 1 })
-	type answer struct {
-		out lab.Outcome
-		err error
-	}
-	retried := make(chan answer, 1)
-	go func() {
-		out, err := s.Charge(ctx, attempt(key, lab.Faults{}))
-		retried <- answer{out, err}
-	}()
+	retried := labtest.ChargeAsync(ctx, s, attempt(key, lab.Faults{}))
 	waitFor("the retry's take-over waiting behind it", func() bool { return waiting() >= 2 })
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
@@ -218,8 +202,8 @@ func TestTakeOverLosesToACompletion(t *testing.T) {
 		t.Fatalf("the holder: %v", err)
 	}
 	r := <-retried
-	if r.err != nil || !r.out.Replayed {
-		t.Fatalf("the retry: %+v %v; want a replay of the holder's charge", r.out, r.err)
+	if r.Err != nil || !r.Out.Replayed {
+		t.Fatalf("the retry: %+v %v; want a replay of the holder's charge", r.Out, r.Err)
 	}
 	var n int
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM charges WHERE idempotency_key = $1`, key).Scan(&n); err != nil || n != 1 {

@@ -14,21 +14,6 @@ import (
 	"github.com/idempotency-lab/lab/variants/memory"
 )
 
-// answer is a Charge's result.
-type answer struct {
-	out lab.Outcome
-	err error
-}
-
-// charge sends a on a goroutine; its answer comes on the channel.
-func charge(ctx context.Context, s *memory.Store, a lab.Attempt) <-chan answer {
-	done := make(chan answer, 1)
-	go func() {
-		out, err := s.Charge(ctx, a)
-		done <- answer{out, err}
-	}()
-	return done
-}
 
 // inspect reads the key and checks its state and that a fact holds want.
 func inspect(t *testing.T, s *memory.Store, sc lab.Scope, state, want string) {
@@ -54,14 +39,14 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 		inspect(t, s, a.Scope, lab.KeyAbsent, "no entry")
 
 		g1, g2 := labtest.NewStepGate("step-t/1"), labtest.NewStepGate("step-t/2")
-		first := charge(lab.WithStepGate(bg, g1), s, a)
+		first := labtest.ChargeAsync(lab.WithStepGate(bg, g1), s, a)
 		g1.At(t, lab.PointBeforeClaim)
 		g1.Move()
 		g1.At(t, lab.PointAfterClaim)
 		inspect(t, s, a.Scope, lab.KeyInFlight, "claimed by attempt 1 (step-t/1)")
 
 		start := time.Now()
-		second := charge(lab.WithStepGate(bg, g2), s, a)
+		second := labtest.ChargeAsync(lab.WithStepGate(bg, g2), s, a)
 		g2.At(t, lab.PointBeforeClaim)
 		g2.Move()
 		synctest.Wait() // attempt 2 waits on attempt 1's claim
@@ -73,7 +58,7 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 		g2.EndWaits() // the "wait" move
 		ans := <-second
 		var busy *lab.InProgressError
-		if !errors.As(ans.err, &busy) {
+		if !errors.As(ans.Err, &busy) {
 			t.Fatalf("attempt 2 after the wait move: %+v, want 409 in progress", ans)
 		}
 		if waited := time.Since(start); waited != 0 {
@@ -90,7 +75,7 @@ func TestSteppedTwinGivesUpOnTheWaitMove(t *testing.T) {
 		g1.Move()
 		g1.At(t, lab.PointAfterCharge)
 		g1.Move()
-		if ans := <-first; ans.err != nil || ans.out.Replayed || ans.out.Response.Status != 201 {
+		if ans := <-first; ans.Err != nil || ans.Out.Replayed || ans.Out.Response.Status != 201 {
 			t.Fatalf("attempt 1: %+v, want its own 201", ans)
 		}
 		inspect(t, s, a.Scope, lab.KeyCompleted, "completed by attempt 1 (step-t/1): 201, charge ch_")
@@ -125,12 +110,12 @@ func TestSteppedAttemptGivingUpReleasesItsClaim(t *testing.T) {
 	a := attempt("k-abort", 100)
 	g := labtest.NewStepGate("step-t/1")
 	ctx, abort := context.WithCancel(lab.WithStepGate(t.Context(), g))
-	done := charge(ctx, s, a)
+	done := labtest.ChargeAsync(ctx, s, a)
 	g.At(t, lab.PointBeforeClaim)
 	g.Move()
 	g.At(t, lab.PointAfterClaim)
 	abort()
-	if ans := <-done; !errors.Is(ans.err, context.Canceled) {
+	if ans := <-done; !errors.Is(ans.Err, context.Canceled) {
 		t.Fatalf("the aborted attempt: %+v, want its context's end", ans)
 	}
 	inspect(t, s, a.Scope, lab.KeyAbsent, "no entry")
