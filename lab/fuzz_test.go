@@ -1,12 +1,11 @@
 package lab_test
 
 import (
-	"errors"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
 // FuzzParseFaults holds the Lab-Fault header to the rule the request
@@ -18,22 +17,6 @@ import (
 //
 //	go test -run '^$' -fuzz '^FuzzParseFaults$' -fuzztime 20s ./lab/
 
-// invalid fails unless err is an *InvalidError with a parameter and a
-// reason, naming param when param is not "", and its message is UTF-8.
-func invalid(t *testing.T, err error, param string) {
-	t.Helper()
-	var ie *lab.InvalidError
-	if !errors.As(err, &ie) {
-		t.Fatalf("error %v is a %T, not an *InvalidError", err, err)
-	}
-	if ie.Param == "" || ie.Reason == "" || param != "" && ie.Param != param {
-		t.Fatalf("InvalidError{%q, %q}: want param %q and a reason", ie.Param, ie.Reason, param)
-	}
-	if !utf8.ValidString(ie.Error()) {
-		t.Fatalf("error message is not UTF-8: %q", ie.Error())
-	}
-}
-
 func FuzzParseFaults(f *testing.F) {
 	for _, s := range []string{"", "slow; work_ms=300; ttl_ms=100", "slow", "meteor", "slow; work_ms=0", "crash_after_claim; x=1",
 		"expired; window_ms=200", "outbox_fail", "store_restart;", ";;", "ttl_ms=60000", "ttl_ms=60001", "work_ms=+5",
@@ -43,7 +26,7 @@ func FuzzParseFaults(f *testing.F) {
 	f.Fuzz(func(t *testing.T, h string) {
 		fs, err := lab.ParseFaults(h)
 		if err != nil {
-			invalid(t, err, lab.FaultHeader)
+			labtest.WantInvalid(t, err, lab.FaultHeader)
 			return
 		}
 		if fs.Point != lab.FaultNone {

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -222,4 +223,22 @@ func ChargeAsync(ctx context.Context, s lab.Store, a lab.Attempt) <-chan Answer 
 		done <- Answer{out, err}
 	}()
 	return done
+}
+
+// WantInvalid fails unless err is an *lab.InvalidError with a parameter
+// and a reason, naming param when param is not "", and its message is
+// UTF-8: what the request parsers and their fuzz targets hold every
+// refusal to.
+func WantInvalid(tb testing.TB, err error, param string) {
+	tb.Helper()
+	var ie *lab.InvalidError
+	if !errors.As(err, &ie) {
+		tb.Fatalf("error %v is a %T, not an *InvalidError", err, err)
+	}
+	if ie.Param == "" || ie.Reason == "" || param != "" && ie.Param != param {
+		tb.Fatalf("InvalidError{%q, %q}: want param %q and a reason", ie.Param, ie.Reason, param)
+	}
+	if !utf8.ValidString(ie.Error()) {
+		tb.Fatalf("error message is not UTF-8: %q", ie.Error())
+	}
 }

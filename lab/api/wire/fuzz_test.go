@@ -3,7 +3,6 @@ package wire_test
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api/wire"
+	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
 // The fuzz targets below share one property: every input is either valid,
@@ -23,22 +23,6 @@ import (
 // Bounded runs, one target at a time:
 //
 //	go test -run '^$' -fuzz '^FuzzParseChargeRequest$' -fuzztime 20s ./lab/api/wire/
-
-// invalid fails unless err is an *InvalidError with a parameter and a
-// reason, naming param when param is not "", and its message is UTF-8.
-func invalid(t *testing.T, err error, param string) {
-	t.Helper()
-	var ie *lab.InvalidError
-	if !errors.As(err, &ie) {
-		t.Fatalf("error %v is a %T, not an *InvalidError", err, err)
-	}
-	if ie.Param == "" || ie.Reason == "" || param != "" && ie.Param != param {
-		t.Fatalf("InvalidError{%q, %q}: want param %q and a reason", ie.Param, ie.Reason, param)
-	}
-	if !utf8.ValidString(ie.Error()) {
-		t.Fatalf("error message is not UTF-8: %q", ie.Error())
-	}
-}
 
 // printable is the lab's rule for printable text, written here apart from
 // lab.CheckText: 1..max bytes of UTF-8 with no control character (Cc), line
@@ -83,7 +67,7 @@ func FuzzParseChargeRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r, err := wire.ParseChargeRequest(bytes.NewReader(body))
 		if err != nil {
-			invalid(t, err, "")
+			labtest.WantInvalid(t, err, "")
 			return
 		}
 		checkRequest(t, r)
@@ -140,7 +124,7 @@ func FuzzParseInt(f *testing.F) {
 		n, err := wire.ParseInt("p", raw, present, def, lo, hi)
 		switch {
 		case err != nil:
-			invalid(t, err, "p")
+			labtest.WantInvalid(t, err, "p")
 			if !strings.Contains(err.Error(), "..") {
 				t.Fatalf("%v does not name the range", err)
 			}
@@ -166,7 +150,7 @@ func FuzzParseText(f *testing.F) {
 			v, err := wire.ParseText("p", raw, present, "def", max)
 			switch {
 			case err != nil:
-				invalid(t, err, "p")
+				labtest.WantInvalid(t, err, "p")
 			case !present:
 				if v != "def" {
 					t.Fatalf("absent: got %q", v)
@@ -182,7 +166,7 @@ func FuzzParseText(f *testing.F) {
 				if kerr := lab.ValidateKey(raw); (kerr == nil) != (err == nil) {
 					t.Fatalf("ParseText %v, ValidateKey %v", err, kerr)
 				} else if kerr != nil {
-					invalid(t, kerr, "Idempotency-Key")
+					labtest.WantInvalid(t, kerr, "Idempotency-Key")
 				}
 				// And so does the header's bare form, when it is one: no
 				// quote or backslash, no optional white space around it.
@@ -191,7 +175,7 @@ func FuzzParseText(f *testing.F) {
 					if (herr == nil) != (err == nil) || herr == nil && key != raw {
 						t.Fatalf("ParseText %v, ParseKeyHeader %q, %v", err, key, herr)
 					} else if herr != nil {
-						invalid(t, herr, lab.KeyHeader)
+						labtest.WantInvalid(t, herr, lab.KeyHeader)
 					}
 				}
 			}
@@ -208,7 +192,7 @@ func FuzzParseName(f *testing.F) {
 		v, err := wire.ParseName("p", raw, present, "def")
 		switch {
 		case err != nil:
-			invalid(t, err, "p")
+			labtest.WantInvalid(t, err, "p")
 		case !present:
 			if v != "def" {
 				t.Fatalf("absent: got %q", v)
@@ -221,7 +205,7 @@ func FuzzParseName(f *testing.F) {
 		c, err := wire.ParseChoice("p", raw, present, "json", allowed...)
 		switch {
 		case err != nil:
-			invalid(t, err, "p")
+			labtest.WantInvalid(t, err, "p")
 		case !slices.Contains(allowed, c) || present && c != strings.ReplaceAll(raw, " ", "+"):
 			t.Fatalf("ParseChoice accepted %q as %q", raw, c)
 		}
@@ -239,13 +223,13 @@ func FuzzQuery(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw string) {
 		q, err := wire.ParseQuery(raw)
 		if err != nil {
-			invalid(t, err, "query")
+			labtest.WantInvalid(t, err, "query")
 			return
 		}
 		check := func(name string, v any, err error) {
 			t.Helper()
 			if err != nil {
-				invalid(t, err, name)
+				labtest.WantInvalid(t, err, name)
 				return
 			}
 			if s, ok := v.(string); ok && !utf8.ValidString(s) {
