@@ -276,9 +276,6 @@ func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
 	return a.replicas.Targets(ctx, n)
 }
 
-// PairUnavailable says why the failover fault cannot run here ("" when it can).
-func (a *App) PairUnavailable() string { return a.failover.Unavailable() }
-
 // Served reports when the primary server stops on its own.
 func (a *App) Served() <-chan error { return a.replicas.all()[0].served }
 

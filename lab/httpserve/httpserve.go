@@ -4,7 +4,6 @@
 package httpserve
 
 import (
-	"fmt"
 	"net/http"
 	"time"
 )
@@ -24,19 +23,6 @@ type Timeouts struct {
 // DefaultTimeouts are the lab's.
 func DefaultTimeouts() Timeouts {
 	return Timeouts{Read: 10 * time.Second, Write: 5 * time.Minute, Idle: time.Minute}
-}
-
-// Check refuses a timeout that is not positive.
-func (t Timeouts) Check() error {
-	for _, d := range []struct {
-		name string
-		d    time.Duration
-	}{{"read timeout", t.Read}, {"write timeout", t.Write}, {"idle timeout", t.Idle}} {
-		if d.d <= 0 {
-			return fmt.Errorf("%s must be a positive duration (got %s)", d.name, d.d)
-		}
-	}
-	return nil
 }
 
 // MaxHeaderBytes bounds a request's headers: the lab's need a few hundred
