@@ -186,6 +186,11 @@ func TestComposeReplicas(t *testing.T) {
 		if got := hosts(t, env["LAB_PEERS"]); !slices.Equal(got, others) {
 			t.Errorf("%s: LAB_PEERS = %q names %v, want %v", name, env["LAB_PEERS"], got, others)
 		}
+		// Listening beyond loopback, a replica of a cluster needs the one
+		// admin token its peers share: required, with no default.
+		if v := env["LAB_ADMIN_TOKEN"]; !strings.HasPrefix(v, "${LAB_ADMIN_TOKEN:?") || !strings.HasSuffix(v, "}") {
+			t.Errorf("%s: LAB_ADMIN_TOKEN = %q, want ${LAB_ADMIN_TOKEN:?…}: required, with no default", name, v)
+		}
 		for _, k := range []string{"LAB_EMBEDDED_POSTGRES", "LAB_EMBEDDED_REDIS"} {
 			if env[k] != "off" {
 				t.Errorf("%s: %s = %q, want off", name, k, env[k])

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/variants"
@@ -67,7 +68,18 @@ func (m *Main) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	log.Info("lab ready", "url", a.URL())
+	switch token, drawn := a.AdminToken(); {
+	case drawn: // printed once, in the clear, for whoever started it; never logged again
+		fmt.Fprintf(m.stderr, "\nListening beyond this machine with no -admin-token: this run's admin token is\n\n    %s\n\n"+
+			"Resetting or restarting every namespace (all=true) and seeing them all need it, as Authorization: Bearer.\n"+
+			"Set -admin-token (LAB_ADMIN_TOKEN) to choose your own.\n\n", token)
+	case token == "":
+		log.Info("who may reset every namespace: anyone on this machine (listening on loopback, no -admin-token)")
+	default:
+		log.Info("who may reset every namespace: whoever sends the admin token (-admin-token)")
+	}
+	pid := strconv.Itoa(os.Getpid())
+	log.Info("lab ready", "url", a.URL(), "pid", pid, "stop", "Ctrl-C, or kill "+pid)
 	select {
 	case <-ctx.Done():
 	case err = <-a.Served():

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -99,6 +101,11 @@ func TestZeroConfigServe(t *testing.T) {
 	for line := range logs {
 		logged = append(logged, line)
 	}
+	// The start line says who may reset everything, and the pid that stops it.
+	started := strings.Join(logged, "\n")
+	if !strings.Contains(started, "anyone on this machine") || !strings.Contains(started, fmt.Sprintf(`stop="Ctrl-C, or kill %d"`, cmd.Process.Pid)) {
+		t.Errorf("the start lines do not say who may reset every namespace, or how to stop this pid (%d)", cmd.Process.Pid)
+	}
 	// The cluster's directory and postmaster PID are in the logs.
 	var dir string
 	var pid int
@@ -116,5 +123,60 @@ func TestZeroConfigServe(t *testing.T) {
 	}
 	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
 		t.Errorf("postmaster %d still alive (%v)", pid, err)
+	}
+}
+
+// TestServeBeyondLoopbackDrawsAnAdminToken: bound to every interface with
+// no -admin-token, the lab draws one and prints it once at start; an
+// anonymous reset or restart of every namespace (all=true) is refused with
+// a problem and deletes nothing, and the printed token does it.
+func TestServeBeyondLoopbackDrawsAnAdminToken(t *testing.T) {
+	t.Parallel()
+	r, w := io.Pipe()
+	ctx, stop := context.WithCancel(t.Context())
+	served := make(chan error, 1)
+	go func() {
+		served <- run(ctx, []string{"serve", "-addr", "0.0.0.0:0", "-admin-token=", "-database-url=", "-embedded-postgres", "off",
+			"-redis-url=", "-redis-pair", "off", "-provider-url=", "-provider-addr", "127.0.0.1:0", "-peers="}, io.Discard, w)
+		w.Close()
+	}()
+	var start strings.Builder
+	scan := bufio.NewScanner(r)
+	for scan.Scan() && !strings.Contains(scan.Text(), `msg="lab ready"`) {
+		start.WriteString(scan.Text() + "\n")
+	}
+	go func() { _, _ = io.Copy(io.Discard, r) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-served; err != nil {
+			t.Errorf("lab serve: %v", err)
+		}
+	})
+	base := regexp.MustCompile(`url=(http://\S+)`).FindStringSubmatch(scan.Text())
+	token := regexp.MustCompile(`(?m)^    (lab-admin-[A-Z2-7]{20,})$`).FindStringSubmatch(start.String())
+	if base == nil || token == nil {
+		t.Fatalf("no url in the ready line %q, or no admin token printed before it:\n%s", scan.Text(), start.String())
+	}
+	const key, body = "kept-beyond-loopback", `{"account":"acct-1","amount_cents":2500}`
+	if c := labtest.Charge(t, base[1], "memory", labtest.Acme, key, body); c.Status != http.StatusCreated {
+		t.Fatalf("charge: %d %s", c.Status, c.Body)
+	}
+	charges := func() int {
+		return len(labtest.Get[struct{ Charges []string }](t, base[1]+"/charges?store=memory&key="+key, labtest.Acme).Charges)
+	}
+	for _, path := range []string{"/reset-lab?all=true", "/lab/restart-store?all=true&store=memory"} {
+		labtest.WantProblem(t, "anonymous "+path, labtest.Do(t, http.MethodPost, base[1]+path, nil, ""), http.StatusUnauthorized, "admin_token_required", "")
+	}
+	if n := charges(); n != 1 {
+		t.Fatalf("after the refused resets the ledger holds %d charge(s) under the key, want 1", n)
+	}
+	if again := labtest.Charge(t, base[1], "memory", labtest.Acme, key, body); again.Header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("the key was forgotten by a refused restart: %d %s", again.Status, again.Body)
+	}
+	if r := labtest.Do(t, http.MethodPost, base[1]+"/reset-lab?all=true", labtest.Bearer(token[1]), ""); r.Status != http.StatusOK {
+		t.Fatalf("reset with the printed token: %d %s", r.Status, r.Body)
+	}
+	if n := charges(); n != 0 {
+		t.Fatalf("after the admin's reset the ledger holds %d charge(s), want none", n)
 	}
 }

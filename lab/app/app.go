@@ -6,6 +6,7 @@ package app
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"maps"
@@ -69,6 +70,7 @@ type App struct {
 
 	failover *redisFailover // the failover fault's Redis pair, if any
 
+	drawnToken     bool              // the admin token is drawn by Start: listening beyond loopback, none was given
 	secret         []byte            // signs and verifies the provider's webhooks
 	providerClient *provider.Client  // the payment provider, over HTTP
 	ownProvider    ownRecords        // the own provider's records, read and pruned; nil with an external one
@@ -173,6 +175,17 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		a.closeAll()
 		return nil, fmt.Errorf("error listening on %s: %w", cfg.Addr, err)
 	}
+	// Reachable from other machines, a lab without an admin token would let
+	// anyone who reaches it reset every namespace: it draws one, as a
+	// notebook server draws its token, and the command prints it once.
+	if self := ln.Addr().(*net.TCPAddr); !self.IP.IsLoopback() && a.cfg.AdminToken == "" {
+		if len(cfg.Peers) > 0 {
+			_ = ln.Close()
+			a.closeAll()
+			return nil, fmt.Errorf("listening on %s as a replica of a cluster without an admin token: give every replica the same -admin-token (LAB_ADMIN_TOKEN); one drawn here would differ from its peers'", self)
+		}
+		a.cfg.AdminToken, a.drawnToken = "lab-admin-"+rand.Text(), true
+	}
 	bgCtx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	if err := a.openProvider(ctx, bgCtx, selfURL(ln)+strings.TrimSuffix(cfg.BasePath, "/")+"/webhooks/provider"); err != nil {
@@ -276,6 +289,11 @@ func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
 	return a.replicas.Targets(ctx, n)
 }
 
+// AdminToken is the token that resets and restarts every namespace ("":
+// none, on loopback: anyone on this machine may), and whether the lab drew
+// it because it listens beyond loopback and was given none.
+func (a *App) AdminToken() (token string, drawn bool) { return a.cfg.AdminToken, a.drawnToken }
+
 // Served reports when the primary server stops on its own.
 func (a *App) Served() <-chan error { return a.replicas.all()[0].served }
 
@@ -347,10 +365,6 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
 		Checks: a.checks, Service: svc, Failover: a.failover, RelayCounts: relayCounts, Provider: a.providerClient})
-	if self := ln.Addr().(*net.TCPAddr); !self.IP.IsLoopback() && a.cfg.AdminToken == "" {
-		a.cfg.Logger.Warn("listening beyond this machine without an admin token: anyone who reaches "+self.String()+
-			" can reset the lab and run faults; set -admin-token (LAB_ADMIN_TOKEN)", "replica", name)
-	}
 	r := &replica{
 		name: name, server: srv, service: svc, stores: stores, url: selfURL(ln), served: make(chan error, 1),
 		http: httpserve.New(srv.Handler(), a.cfg.Timeouts()),

@@ -3,6 +3,7 @@ package app_test
 import (
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab/app"
@@ -51,5 +52,31 @@ func TestReplicasStartOnDemand(t *testing.T) {
 	}
 	if r := charge(); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("after the reset, r3 still knew the key: %d %q", r.Status, r.Header.Get("Idempotent-Replayed"))
+	}
+}
+
+// TestBeyondLoopbackAdminToken: listening beyond loopback with none given,
+// a lab draws its admin token (and says it drew it), while a replica of a
+// cluster refuses to start, since its peers would draw others; on loopback
+// none is drawn.
+func TestBeyondLoopbackAdminToken(t *testing.T) {
+	t.Parallel()
+	cfg := app.DefaultConfig()
+	cfg.Variants = []variant.Variant{memory.Variant()}
+	cfg.EmbedPostgres, cfg.EmbedRedis, cfg.RedisPair = false, false, false
+	for addr, want := range map[string]bool{"127.0.0.1:0": false, "0.0.0.0:0": true} {
+		cfg.Addr = addr
+		token, drawn := labtest.Start(t, cfg).AdminToken()
+		if drawn != want || (token != "") != want {
+			t.Errorf("listening on %s: admin token %q, drawn %v; want drawn %v", addr, token, drawn, want)
+		}
+	}
+	url, schema := labtest.Postgres(t) // a cluster needs a shared ledger
+	cfg.Addr, cfg.Peers, cfg.DatabaseURL, cfg.PGSchema = "0.0.0.0:0", []string{"http://127.0.0.1:1"}, url, schema
+	if a, err := app.Start(t.Context(), cfg); err == nil || !strings.Contains(err.Error(), "same -admin-token") {
+		if a != nil {
+			_ = a.Close(t.Context())
+		}
+		t.Fatalf("a cluster replica beyond loopback without a token started (%v)", err)
 	}
 }

@@ -47,7 +47,8 @@ type Config struct {
 	MaxAttendees int
 	// AdminToken, when set, is the only way to reset or restart every
 	// namespace at once (all=true) and to see every namespace; without it
-	// anyone may. Default none.
+	// anyone may, which Start allows on loopback only: listening beyond it,
+	// Start draws one (App.AdminToken). Default none.
 	AdminToken string
 	// FaultsEnabled accepts the Lab-Fault header and fault= runs. Default on.
 	FaultsEnabled bool
