@@ -289,6 +289,9 @@ func (a *App) Targets(ctx context.Context, n int) ([]string, error) {
 	return a.replicas.Targets(ctx, n)
 }
 
+// PairUnavailable says why the failover fault cannot run here ("" when it can).
+func (a *App) PairUnavailable() string { return a.failover.Unavailable() }
+
 // AdminToken is the token that resets and restarts every namespace ("":
 // none, on loopback: anyone on this machine may), and whether the lab drew
 // it because it listens beyond loopback and was given none.
