@@ -23,6 +23,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb"
+	"github.com/idempotency-lab/lab/lab/tenants"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
@@ -320,8 +321,46 @@ func TestAttack(t *testing.T) {
 }
 
 // attackNamespaces runs findings 1–8 and the closing property against one
-// lab with real PostgreSQL and Redis, an admin token and two attendees.
+// lab with real PostgreSQL and Redis, an admin token and two attendees. The
+// cases share the lab and run in order: each builds on what the earlier
+// ones left (F03 counts on F01's public restarts, F08 on F03's crash).
 func attackNamespaces(t *testing.T) {
+	f := newNSAttack(t)
+	for _, c := range []struct {
+		name string
+		run  func(*testing.T, *nsAttack)
+	}{
+		{"F01_AnonymousStoreRestartActsInThePublicNamespaceOnly", attackAnonymousRestart},
+		{"F02_TenantParameterCannotChargeAnotherTenant", attackTenantParameter},
+		{"F03_CrashInOneNamespaceKeepsAnothersKeys", attackCrashInOneNamespace},
+		{"F04_SlowFloodCannotStarveAnotherNamespace", attackSlowFlood},
+		{"F05_ReportsShowOnlyTheCallersNamespace", attackReports},
+		{"F06_ControlBytesInParametersAre400", attackControlBytes},
+		{"F07_MalformedBodiesChargeNothing", attackMalformedBodies},
+		{"F08_AdminTokenOnlyAsBearer", attackAdminToken},
+		{"ClosingProperty_BsWorstLeavesAUntouched", attackClosingProperty},
+	} {
+		t.Run(c.name, func(t *testing.T) { c.run(t, f) })
+	}
+}
+
+// nsAttack is the lab the namespace findings attack, and what they share.
+type nsAttack struct {
+	cfg  app.Config
+	a    *app.App
+	base string
+	pool *pgxpool.Pool // the test's own, for what only the database can tell
+	A, B labAttendee   // two attendees, each in a namespace of their own
+	pub  tenants.Identity
+	// A completed charge of each namespace on every keyed store, which
+	// must go on replaying.
+	aDone, bDone, pubDone []doneCharge
+}
+
+// newNSAttack starts the lab, admits A and B with the join code (a wrong
+// one is refused), and gives every namespace completed keys on every
+// keyed store, and runs.
+func newNSAttack(t *testing.T) *nsAttack {
 	cfg := fullConfig(t)
 	cfg.AdminToken, cfg.JoinCode = attackAdmin, attackJoinCode
 	// A small pool: the postgres store lets a namespace hold pool/4 = 2
@@ -330,7 +369,6 @@ func attackNamespaces(t *testing.T) {
 	a := labtest.Start(t, cfg)
 	base := a.URL()
 	pool := testPool(t, cfg.DatabaseURL)
-	ctx := context.Background()
 	A, B := joinLab(t, base, attackJoinCode), joinLab(t, base, attackJoinCode)
 	pub := a.Public()
 	if r := labtest.Do(t, http.MethodPost, base+"/lab/join", nil, `{"code":"guess"}`); r.Status != http.StatusForbidden {
@@ -351,560 +389,615 @@ func attackNamespaces(t *testing.T) {
 		}
 	}
 	labtest.Get[experiment.Report](t, base+"/charge-idempotent?attempts=3&key=pub-run", "") // the public namespace's
+	return &nsAttack{cfg: cfg, a: a, base: base, pool: pool, A: A, B: B, pub: pub, aDone: aDone, bDone: bDone, pubDone: pubDone}
+}
 
-	t.Run("F01_AnonymousStoreRestartActsInThePublicNamespaceOnly", func(t *testing.T) {
-		aBefore, bBefore := ledgerOf(t, a, A.Namespace), ledgerOf(t, a, B.Namespace)
-		// A has charges in flight on memory and postgres while the anonymous
-		// restarts happen.
-		inflight := make(chan sent, 2)
-		for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
-			go func() {
-				r, err := labtest.SendCharge(base, store, A.Token, "a-f01-inflight", body2500, slowFault(3000))
-				inflight <- sent{r, err}
-			}()
-		}
-		waitKeyState(t, base, A.Token, memory.Name, "a-f01-inflight", lab.KeyInFlight)
-		var aSession int32 // the PostgreSQL session of A's charge in flight
-		labtest.Eventually(t, "A's postgres charge claiming its key", func() bool {
-			return pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE relation = to_regclass($1) AND mode = 'RowExclusiveLock' AND granted LIMIT 1`,
-				cfg.PGSchema+".idempotency_requests").Scan(&aSession) == nil
-		})
-		for _, store := range []lab.StoreName{postgres.Name, memory.Name, redis.Name} {
-			key := "x-" + string(store)
-			rep := labtest.Get[experiment.Report](t, base+"/charge-idempotent?store="+string(store)+"&fault=store_restart&key="+key, "")
-			want := 2 // memory and redis forget the public namespace's key: the lesson
-			if store == postgres.Name {
-				want = 1
-				var alive bool
-				if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, aSession).Scan(&alive); err != nil || !alive {
-					t.Errorf("the public namespace's postgres restart terminated A's session %d (%v)", aSession, err)
-				}
-			}
-			if n := keyCharges(t, a, pub.Tenant, store, key); rep.Tenant != pub.Tenant || n != want {
-				t.Errorf("anonymous store_restart run on %s: tenant %q, %d charges for %s, want %s and %d", store, rep.Tenant, n, key, pub.Tenant, want)
-			}
-		}
-		r := labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=memory", nil, "")
-		if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || got.Namespace != string(pub.Namespace) {
-			t.Errorf("anonymous restart: %d %s", r.Status, r.Body)
-		}
-		labtest.WantProblem(t, "anonymous restart of every namespace", labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=memory&all=true", nil, ""),
-			http.StatusUnauthorized, "admin_token_required", "")
-		r = labtest.Do(t, http.MethodGet, base+"/lab/matrix", nil, "")
-		if m := labtest.Decode[experiment.Matrix](t, r); r.Status != http.StatusOK || len(m.Rows) == 0 {
-			t.Fatalf("anonymous matrix: %d %.300s", r.Status, r.Body)
-		}
-		for range 2 {
-			if res := <-inflight; res.err != nil || res.reply.Status != http.StatusCreated {
-				t.Fatalf("A's in-flight charge: %v %d %s", res.err, res.reply.Status, res.reply.Body)
-			}
-		}
-		for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
-			if st := keyStateAs(t, base, A.Token, store, "a-f01-inflight"); st != lab.KeyCompleted {
-				t.Errorf("A's %s charge in flight during the public restarts is %s afterwards, want completed", store, st)
-			}
-			if n := keyCharges(t, a, A.Tenant, store, "a-f01-inflight"); n != 1 {
-				t.Errorf("A's %s charge in flight during the public restarts: %d charges", store, n)
-			}
-		}
-		for _, d := range slices.Concat(aDone, bDone) {
-			d.replays(t, base)
-		}
-		// What the public restarts did lose is the public namespace's own.
-		for _, d := range pubDone {
-			if d.store == postgres.Name {
-				d.replays(t, base) // a PostgreSQL restart loses no committed key
-			} else if st := keyStateAs(t, base, "", d.store, d.key); st != lab.KeyAbsent {
-				t.Errorf("the public %s key after the public restarts: %s, want absent", d.store, st)
-			}
-		}
-		sameLedger(t, "A", ledgerOf(t, a, A.Namespace), plus(plus(aBefore, memory.Name, 1, 2500), postgres.Name, 1, 2500))
-		sameLedger(t, "B", ledgerOf(t, a, B.Namespace), bBefore)
-	})
-
-	t.Run("F02_TenantParameterCannotChargeAnotherTenant", func(t *testing.T) {
-		before := map[lab.Namespace][]lab.StoreSummary{}
-		for _, ns := range []lab.Namespace{"globex", pub.Namespace, A.Namespace, B.Namespace} {
-			before[ns] = ledgerOf(t, a, ns)
-		}
-		const victim = "account=victim&amount=10000000&attempts=64"
-		for _, tc := range []struct {
-			method, path, token, param string
-		}{
-			{http.MethodGet, "/charge-unsafe?tenant=globex&" + victim, "", "tenant"},
-			{http.MethodPost, "/charge-unsafe?tenant=globex&" + victim, "", "tenant"},
-			{http.MethodGet, "/charge-unsafe?tenant=globex&" + victim, A.Token, "tenant"},
-			{http.MethodGet, "/charge-unsafe?tenant=&" + victim, B.Token, "tenant"},
-			{http.MethodGet, "/charge-unsafe?tenant=globex&tenant=acme&" + victim, "", "tenant"},
-			{http.MethodGet, "/charge-idempotent?store=postgres&tenant=globex&" + victim, A.Token, "tenant"},
-			{http.MethodGet, "/charge-idempotent?store=memory&scenario=tenants&other_tenant=globex&" + victim, "", "other_tenant"},
-			{http.MethodGet, "/charge-idempotent?store=redis&other_tenant=" + A.Tenant + "&" + victim, B.Token, "other_tenant"},
-		} {
-			r := labtest.Do(t, tc.method, base+tc.path, labtest.Bearer(tc.token), "")
-			labtest.WantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
-		}
-		for ns, want := range before {
-			sameLedger(t, string(ns), ledgerOf(t, a, ns), want)
-		}
-		for _, tenant := range []string{"globex", "globex~2", pub.Tenant, A.Tenant, B.Tenant} {
-			if b, err := a.Books().Balance(ctx, tenant, "victim"); err != nil || b != 0 {
-				t.Errorf("%s's account victim holds %d cents (%v)", tenant, b, err)
-			}
-		}
-	})
-
-	t.Run("F03_CrashInOneNamespaceKeepsAnothersKeys", func(t *testing.T) {
-		// The public namespace's memory keys went with F01's public restarts: a fresh one.
-		pubMemory := chargeDone(t, base, memory.Name, pub.Token, "pub-f03-memory")
-		aBefore, pubBefore := ledgerOf(t, a, A.Namespace), ledgerOf(t, a, pub.Namespace)
-		inflight := make(chan sent, 1)
+// attackAnonymousRestart (F01): a caller without a token restarts stores
+// in the public namespace only, by store_restart runs on every store and
+// by route, and runs the matrix there. A's charges in flight on memory and
+// postgres live through it (its PostgreSQL session is not terminated) and
+// are charged once; A's and B's completed keys still replay; what is lost
+// is the public namespace's own memory and redis keys; restarting every
+// namespace at once needs the admin token.
+func attackAnonymousRestart(t *testing.T, f *nsAttack) {
+	a, base, A, B, pub := f.a, f.base, f.A, f.B, f.pub
+	ctx := context.Background()
+	aBefore, bBefore := ledgerOf(t, a, A.Namespace), ledgerOf(t, a, B.Namespace)
+	// A has charges in flight on memory and postgres while the anonymous
+	// restarts happen.
+	inflight := make(chan sent, 2)
+	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 		go func() {
-			r, err := labtest.SendCharge(base, memory.Name, A.Token, "a-f03-inflight", body2500, slowFault(1500))
+			r, err := labtest.SendCharge(base, store, A.Token, "a-f01-inflight", body2500, slowFault(3000))
 			inflight <- sent{r, err}
 		}()
-		waitKeyState(t, base, A.Token, memory.Name, "a-f03-inflight", lab.KeyInFlight)
-		for _, fault := range []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge} {
-			key := "b-crash-" + string(fault)
-			if r, err := labtest.SendCharge(base, memory.Name, B.Token, key, body2500, http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
-				t.Errorf("B's %s: answered %d %s, want a dropped connection", fault, r.Status, r.Body)
-			}
-		}
-		// The crash is B's: B's memory map is gone…
-		if st := keyStateAs(t, base, B.Token, memory.Name, "b-done-memory"); st != lab.KeyAbsent {
-			t.Errorf("B's completed memory key after B's crash: %s, want absent", st)
-		}
-		if n := keyCharges(t, a, B.Tenant, memory.Name, "b-crash-"+string(lab.FaultCrashAfterClaim)); n != 0 {
-			t.Errorf("crash_after_claim charged %d times", n)
-		}
-		// …and A's and the public namespace's are whole, the charge in flight included.
-		res := <-inflight
-		if res.err != nil || res.reply.Status != http.StatusCreated {
-			t.Fatalf("A's in-flight charge during B's crash: %v %d %s", res.err, res.reply.Status, res.reply.Body)
-		}
-		aDone[0].replays(t, base)
-		pubMemory.replays(t, base)
-		(doneCharge{memory.Name, A.Token, "a-f03-inflight", res.reply}).replays(t, base)
-		if n := keyCharges(t, a, A.Tenant, memory.Name, "a-done-memory"); n != 1 {
-			t.Errorf("A's memory key holds %d charges, want 1", n)
-		}
-		sameLedger(t, "A", ledgerOf(t, a, A.Namespace), plus(aBefore, memory.Name, 1, 2500))
-		sameLedger(t, "public", ledgerOf(t, a, pub.Namespace), pubBefore)
+	}
+	waitKeyState(t, base, A.Token, memory.Name, "a-f01-inflight", lab.KeyInFlight)
+	var aSession int32 // the PostgreSQL session of A's charge in flight
+	labtest.Eventually(t, "A's postgres charge claiming its key", func() bool {
+		return f.pool.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE relation = to_regclass($1) AND mode = 'RowExclusiveLock' AND granted LIMIT 1`,
+			f.cfg.PGSchema+".idempotency_requests").Scan(&aSession) == nil
 	})
-
-	t.Run("F04_SlowFloodCannotStarveAnotherNamespace", func(t *testing.T) {
-		// B floods the postgres store with slow transactions on distinct keys.
-		const n = 22
-		budget := pgdb.BudgetFor(cfg.PGPoolSize).SlowPerNamespace // held across slow work
-		results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-f04-pg", n, slowFault(3000)))
-		labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= budget })
-		for i := range 3 {
-			freshCharge(t, base, postgres.Name, A.Token, fmt.Sprintf("a-f04-pg-%d", i), body2500)
+	for _, store := range []lab.StoreName{postgres.Name, memory.Name, redis.Name} {
+		key := "x-" + string(store)
+		rep := labtest.Get[experiment.Report](t, base+"/charge-idempotent?store="+string(store)+"&fault=store_restart&key="+key, "")
+		want := 2 // memory and redis forget the public namespace's key: the lesson
+		if store == postgres.Name {
+			want = 1
+			var alive bool
+			if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, aSession).Scan(&alive); err != nil || !alive {
+				t.Errorf("the public namespace's postgres restart terminated A's session %d (%v)", aSession, err)
+			}
 		}
-		select {
-		case <-results:
-			t.Fatal("B's flood was over before A's charges were answered: they did not run beside it")
+		if n := keyCharges(t, a, pub.Tenant, store, key); rep.Tenant != pub.Tenant || n != want {
+			t.Errorf("anonymous store_restart run on %s: tenant %q, %d charges for %s, want %s and %d", store, rep.Tenant, n, key, pub.Tenant, want)
+		}
+	}
+	r := labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=memory", nil, "")
+	if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || got.Namespace != string(pub.Namespace) {
+		t.Errorf("anonymous restart: %d %s", r.Status, r.Body)
+	}
+	labtest.WantProblem(t, "anonymous restart of every namespace", labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store=memory&all=true", nil, ""),
+		http.StatusUnauthorized, "admin_token_required", "")
+	r = labtest.Do(t, http.MethodGet, base+"/lab/matrix", nil, "")
+	if m := labtest.Decode[experiment.Matrix](t, r); r.Status != http.StatusOK || len(m.Rows) == 0 {
+		t.Fatalf("anonymous matrix: %d %.300s", r.Status, r.Body)
+	}
+	for range 2 {
+		if res := <-inflight; res.err != nil || res.reply.Status != http.StatusCreated {
+			t.Fatalf("A's in-flight charge: %v %d %s", res.err, res.reply.Status, res.reply.Body)
+		}
+	}
+	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
+		if st := keyStateAs(t, base, A.Token, store, "a-f01-inflight"); st != lab.KeyCompleted {
+			t.Errorf("A's %s charge in flight during the public restarts is %s afterwards, want completed", store, st)
+		}
+		if n := keyCharges(t, a, A.Tenant, store, "a-f01-inflight"); n != 1 {
+			t.Errorf("A's %s charge in flight during the public restarts: %d charges", store, n)
+		}
+	}
+	for _, d := range slices.Concat(f.aDone, f.bDone) {
+		d.replays(t, base)
+	}
+	// What the public restarts did lose is the public namespace's own.
+	for _, d := range f.pubDone {
+		if d.store == postgres.Name {
+			d.replays(t, base) // a PostgreSQL restart loses no committed key
+		} else if st := keyStateAs(t, base, "", d.store, d.key); st != lab.KeyAbsent {
+			t.Errorf("the public %s key after the public restarts: %s, want absent", d.store, st)
+		}
+	}
+	sameLedger(t, "A", ledgerOf(t, a, A.Namespace), plus(plus(aBefore, memory.Name, 1, 2500), postgres.Name, 1, 2500))
+	sameLedger(t, "B", ledgerOf(t, a, B.Namespace), bBefore)
+}
+
+// attackTenantParameter (F02): tenant= and other_tenant= cannot aim a run
+// at another tenant: anonymous or as an attendee, each such request is a
+// 400 naming the parameter, no namespace's ledger moves, and no tenant's
+// account victim holds a cent.
+func attackTenantParameter(t *testing.T, f *nsAttack) {
+	a, base, A, B, pub := f.a, f.base, f.A, f.B, f.pub
+	ctx := context.Background()
+	before := map[lab.Namespace][]lab.StoreSummary{}
+	for _, ns := range []lab.Namespace{"globex", pub.Namespace, A.Namespace, B.Namespace} {
+		before[ns] = ledgerOf(t, a, ns)
+	}
+	const victim = "account=victim&amount=10000000&attempts=64"
+	for _, tc := range []struct {
+		method, path, token, param string
+	}{
+		{http.MethodGet, "/charge-unsafe?tenant=globex&" + victim, "", "tenant"},
+		{http.MethodPost, "/charge-unsafe?tenant=globex&" + victim, "", "tenant"},
+		{http.MethodGet, "/charge-unsafe?tenant=globex&" + victim, A.Token, "tenant"},
+		{http.MethodGet, "/charge-unsafe?tenant=&" + victim, B.Token, "tenant"},
+		{http.MethodGet, "/charge-unsafe?tenant=globex&tenant=acme&" + victim, "", "tenant"},
+		{http.MethodGet, "/charge-idempotent?store=postgres&tenant=globex&" + victim, A.Token, "tenant"},
+		{http.MethodGet, "/charge-idempotent?store=memory&scenario=tenants&other_tenant=globex&" + victim, "", "other_tenant"},
+		{http.MethodGet, "/charge-idempotent?store=redis&other_tenant=" + A.Tenant + "&" + victim, B.Token, "other_tenant"},
+	} {
+		r := labtest.Do(t, tc.method, base+tc.path, labtest.Bearer(tc.token), "")
+		labtest.WantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
+	}
+	for ns, want := range before {
+		sameLedger(t, string(ns), ledgerOf(t, a, ns), want)
+	}
+	for _, tenant := range []string{"globex", "globex~2", pub.Tenant, A.Tenant, B.Tenant} {
+		if b, err := a.Books().Balance(ctx, tenant, "victim"); err != nil || b != 0 {
+			t.Errorf("%s's account victim holds %d cents (%v)", tenant, b, err)
+		}
+	}
+}
+
+// attackCrashInOneNamespace (F03): B's crashes on the memory store (after
+// the claim, after the charge) take B's memory keys only: A's charge in
+// flight meanwhile completes once and replays, and A's and the public
+// namespace's memory keys still replay, their ledgers unmoved.
+func attackCrashInOneNamespace(t *testing.T, f *nsAttack) {
+	a, base, A, B, pub := f.a, f.base, f.A, f.B, f.pub
+	// The public namespace's memory keys went with F01's public restarts: a fresh one.
+	pubMemory := chargeDone(t, base, memory.Name, pub.Token, "pub-f03-memory")
+	aBefore, pubBefore := ledgerOf(t, a, A.Namespace), ledgerOf(t, a, pub.Namespace)
+	inflight := make(chan sent, 1)
+	go func() {
+		r, err := labtest.SendCharge(base, memory.Name, A.Token, "a-f03-inflight", body2500, slowFault(1500))
+		inflight <- sent{r, err}
+	}()
+	waitKeyState(t, base, A.Token, memory.Name, "a-f03-inflight", lab.KeyInFlight)
+	for _, fault := range []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge} {
+		key := "b-crash-" + string(fault)
+		if r, err := labtest.SendCharge(base, memory.Name, B.Token, key, body2500, http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
+			t.Errorf("B's %s: answered %d %s, want a dropped connection", fault, r.Status, r.Body)
+		}
+	}
+	// The crash is B's: B's memory map is gone…
+	if st := keyStateAs(t, base, B.Token, memory.Name, "b-done-memory"); st != lab.KeyAbsent {
+		t.Errorf("B's completed memory key after B's crash: %s, want absent", st)
+	}
+	if n := keyCharges(t, a, B.Tenant, memory.Name, "b-crash-"+string(lab.FaultCrashAfterClaim)); n != 0 {
+		t.Errorf("crash_after_claim charged %d times", n)
+	}
+	// …and A's and the public namespace's are whole, the charge in flight included.
+	res := <-inflight
+	if res.err != nil || res.reply.Status != http.StatusCreated {
+		t.Fatalf("A's in-flight charge during B's crash: %v %d %s", res.err, res.reply.Status, res.reply.Body)
+	}
+	f.aDone[0].replays(t, base)
+	pubMemory.replays(t, base)
+	(doneCharge{memory.Name, A.Token, "a-f03-inflight", res.reply}).replays(t, base)
+	if n := keyCharges(t, a, A.Tenant, memory.Name, "a-done-memory"); n != 1 {
+		t.Errorf("A's memory key holds %d charges, want 1", n)
+	}
+	sameLedger(t, "A", ledgerOf(t, a, A.Namespace), plus(aBefore, memory.Name, 1, 2500))
+	sameLedger(t, "public", ledgerOf(t, a, pub.Namespace), pubBefore)
+}
+
+// attackSlowFlood (F04): B flooding the postgres store with slow charges
+// never holds more than its namespace's budget of the pool across slow
+// work (the rest refused 503 with Retry-After), while A's postgres
+// charges are answered beside it; and B's slow attempts in flight are
+// capped per namespace (the 65th a 429 with Retry-After that charges
+// nothing) while A still charges.
+func attackSlowFlood(t *testing.T, f *nsAttack) {
+	a, base, A, B := f.a, f.base, f.A, f.B
+	// B floods the postgres store with slow transactions on distinct keys.
+	const n = 22
+	budget := pgdb.BudgetFor(f.cfg.PGPoolSize).SlowPerNamespace // held across slow work
+	results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-f04-pg", n, slowFault(3000)))
+	labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, f.pool, f.cfg.PGSchema) >= budget })
+	for i := range 3 {
+		freshCharge(t, base, postgres.Name, A.Token, fmt.Sprintf("a-f04-pg-%d", i), body2500)
+	}
+	select {
+	case <-results:
+		t.Fatal("B's flood was over before A's charges were answered: they did not run beside it")
+	default:
+	}
+	applied := 0
+	for i, s := range <-results {
+		switch {
+		case s.err != nil:
+			t.Errorf("B's charge %d: %v", i, s.err)
+		case s.reply.Status == http.StatusCreated:
+			applied++
 		default:
-		}
-		applied := 0
-		for i, s := range <-results {
-			switch {
-			case s.err != nil:
-				t.Errorf("B's charge %d: %v", i, s.err)
-			case s.reply.Status == http.StatusCreated:
-				applied++
-			default:
-				if s.reply.Header.Get("Retry-After") == "" {
-					t.Errorf("B's refused charge %d has no Retry-After", i)
-				}
-				labtest.WantProblem(t, fmt.Sprintf("B's charge %d beyond its budget", i), s.reply, http.StatusServiceUnavailable, "store_unavailable", "")
+			if s.reply.Header.Get("Retry-After") == "" {
+				t.Errorf("B's refused charge %d has no Retry-After", i)
 			}
+			labtest.WantProblem(t, fmt.Sprintf("B's charge %d beyond its budget", i), s.reply, http.StatusServiceUnavailable, "store_unavailable", "")
 		}
-		charged := 0
-		for i := range n {
-			charged += keyCharges(t, a, B.Tenant, postgres.Name, fmt.Sprintf("b-f04-pg-%d", i))
+	}
+	charged := 0
+	for i := range n {
+		charged += keyCharges(t, a, B.Tenant, postgres.Name, fmt.Sprintf("b-f04-pg-%d", i))
+	}
+	// How many of B's charges got through depends on when each arrived
+	// (a slot freed by a finished one may still be in time for a later
+	// one); what may never happen is B holding more than its budget.
+	held := a.StorePools()[0].Held(B.Namespace)
+	if applied < 1 || applied != charged || applied == n || held.PeakAcrossWork > budget {
+		t.Errorf("B's flood: %d answered 201, %d charged, at most %d held across slow work at once; want some refused and at most %d held",
+			applied, charged, held.PeakAcrossWork, budget)
+	}
+	for i := range 3 {
+		if k := keyCharges(t, a, A.Tenant, postgres.Name, fmt.Sprintf("a-f04-pg-%d", i)); k != 1 {
+			t.Errorf("A's postgres charge %d: %d charges", i, k)
 		}
-		// How many of B's charges got through depends on when each arrived
-		// (a slot freed by a finished one may still be in time for a later
-		// one); what may never happen is B holding more than its budget.
-		held := a.StorePools()[0].Held(B.Namespace)
-		if applied < 1 || applied != charged || applied == n || held.PeakAcrossWork > budget {
-			t.Errorf("B's flood: %d answered 201, %d charged, at most %d held across slow work at once; want some refused and at most %d held",
-				applied, charged, held.PeakAcrossWork, budget)
-		}
-		for i := range 3 {
-			if k := keyCharges(t, a, A.Tenant, postgres.Name, fmt.Sprintf("a-f04-pg-%d", i)); k != 1 {
-				t.Errorf("A's postgres charge %d: %d charges", i, k)
-			}
-		}
+	}
 
-		// B's slow attempts in flight are capped per namespace: the 65th is a 429.
-		results = flood(t, chargeRequests(t, base, memory.Name, B.Token, "b-f04-mem", 64, slowFault(4000)))
-		labtest.Eventually(t, "B's 64 slow attempts in flight", func() bool {
-			inFlight := 0
-			for _, k := range stateAs(t, base, B.Token).Stores[memory.Name].Keys {
-				if k.State == lab.KeyInFlight {
-					inFlight++
+	// B's slow attempts in flight are capped per namespace: the 65th is a 429.
+	results = flood(t, chargeRequests(t, base, memory.Name, B.Token, "b-f04-mem", 64, slowFault(4000)))
+	labtest.Eventually(t, "B's 64 slow attempts in flight", func() bool {
+		inFlight := 0
+		for _, k := range stateAs(t, base, B.Token).Stores[memory.Name].Keys {
+			if k.State == lab.KeyInFlight {
+				inFlight++
+			}
+		}
+		return inFlight == 64
+	})
+	r, err := labtest.SendCharge(base, memory.Name, B.Token, "b-f04-mem-64", body2500, slowFault(4000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	labtest.WantProblem(t, "B's 65th slow attempt", r, http.StatusTooManyRequests, "too_many_requests", "")
+	if r.Header.Get("Retry-After") == "" {
+		t.Error("429 without Retry-After")
+	}
+	if r, err := labtest.SendCharge(base, memory.Name, A.Token, "a-f04-slow", body2500, slowFault(50)); err != nil || r.Status != http.StatusCreated {
+		t.Errorf("A's slow charge while B holds its share: %v %d %s", err, r.Status, r.Body)
+	}
+	freshCharge(t, base, postgres.Name, A.Token, "a-f04-pg-3", body2500)
+	for i, s := range <-results {
+		if s.err != nil || s.reply.Status != http.StatusCreated {
+			t.Errorf("B's slow memory charge %d: %v %d %s", i, s.err, s.reply.Status, s.reply.Body)
+		}
+	}
+	if n := keyCharges(t, a, B.Tenant, memory.Name, "b-f04-mem-64"); n != 0 {
+		t.Errorf("the refused 65th attempt charged %d times", n)
+	}
+}
+
+// attackReports (F05): the state, summary and outbox routes show each
+// caller (A, B, anonymous, globex) its own namespace only — keys,
+// balances, ledger, runs and outbox events, agreeing with the ledger —
+// and the admin's bearer token every namespace, its key counts the sum of
+// theirs.
+func attackReports(t *testing.T, f *nsAttack) {
+	a, base, A, B, pub := f.a, f.base, f.A, f.B, f.pub
+	ctx := context.Background()
+	type viewer struct {
+		name, token string
+		ns          lab.Namespace
+		tenant      string
+	}
+	viewers := []viewer{
+		{"A", A.Token, A.Namespace, A.Tenant}, {"B", B.Token, B.Namespace, B.Tenant},
+		{"anonymous", "", pub.Namespace, pub.Tenant}, {"globex", labtest.Globex, "globex", "globex"},
+	}
+	sums := map[lab.StoreName]int{}
+	for _, v := range viewers {
+		st := stateAs(t, base, v.token)
+		if st.Namespace != string(v.ns) {
+			t.Errorf("%s's state is of namespace %q", v.name, st.Namespace)
+		}
+		for store, s := range st.Stores {
+			sums[store] += s.Total
+			for _, k := range s.Keys {
+				if lab.NamespaceOf(k.Tenant) != v.ns {
+					t.Errorf("%s sees %s's key %s (fingerprint %s) on %s", v.name, k.Tenant, k.Key, k.Fingerprint, store)
 				}
 			}
-			return inFlight == 64
-		})
-		r, err := labtest.SendCharge(base, memory.Name, B.Token, "b-f04-mem-64", body2500, slowFault(4000))
+		}
+		if len(st.BalanceCents) != 2 {
+			t.Errorf("%s sees balances %v", v.name, st.BalanceCents)
+		}
+		for _, tenant := range []string{v.tenant, v.tenant + lab.SecondTenantSuffix} {
+			want, err := a.Books().Balance(ctx, tenant, "acct-1")
+			if got, ok := st.BalanceCents[tenant]; err != nil || !ok || got != want {
+				t.Errorf("%s sees %s's balance %d (present %v), ledger %d", v.name, tenant, got, ok, want)
+			}
+		}
+		sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", v.token)
+		if sum.Namespace != string(v.ns) {
+			t.Errorf("%s's summary is of namespace %q", v.name, sum.Namespace)
+		}
+		sameLedger(t, v.name+"'s summary", sum.Stores, ledgerOf(t, a, v.ns))
+		for _, r := range sum.RecentRuns {
+			if lab.NamespaceOf(r.Tenant) != v.ns {
+				t.Errorf("%s sees %s's run %s", v.name, r.Tenant, r.RunID)
+			}
+		}
+		if v.name != "globex" && len(sum.RecentRuns) == 0 {
+			t.Errorf("%s sees none of its runs", v.name)
+		}
+		ob := labtest.Get[nsOutbox](t, base+"/outbox?limit=200", v.token)
+		for _, e := range ob.Events {
+			if lab.NamespaceOf(e.Tenant) != v.ns {
+				t.Errorf("%s sees %s's outbox event %s", v.name, e.Tenant, e.ID)
+			}
+		}
+		stats, err := a.Books().OutboxStats(ctx, v.ns)
 		if err != nil {
 			t.Fatal(err)
 		}
-		labtest.WantProblem(t, "B's 65th slow attempt", r, http.StatusTooManyRequests, "too_many_requests", "")
-		if r.Header.Get("Retry-After") == "" {
-			t.Error("429 without Retry-After")
+		if got, want := ob.Pending+ob.Delivered+ob.Dead, stats.Pending+stats.Delivered+stats.Dead; got != want {
+			t.Errorf("%s's outbox counts %d events, its namespace holds %d", v.name, got, want)
 		}
-		if r, err := labtest.SendCharge(base, memory.Name, A.Token, "a-f04-slow", body2500, slowFault(50)); err != nil || r.Status != http.StatusCreated {
-			t.Errorf("A's slow charge while B holds its share: %v %d %s", err, r.Status, r.Body)
+	}
+	// The admin, as a bearer token, sees every namespace.
+	all := stateAs(t, base, attackAdmin)
+	seen := map[lab.Namespace]bool{}
+	for store, s := range all.Stores {
+		if s.Total != sums[store] {
+			t.Errorf("admin counts %d keys on %s, the namespaces %d", s.Total, store, sums[store])
 		}
-		freshCharge(t, base, postgres.Name, A.Token, "a-f04-pg-3", body2500)
-		for i, s := range <-results {
-			if s.err != nil || s.reply.Status != http.StatusCreated {
-				t.Errorf("B's slow memory charge %d: %v %d %s", i, s.err, s.reply.Status, s.reply.Body)
-			}
+		for _, k := range s.Keys {
+			seen[lab.NamespaceOf(k.Tenant)] = true
 		}
-		if n := keyCharges(t, a, B.Tenant, memory.Name, "b-f04-mem-64"); n != 0 {
-			t.Errorf("the refused 65th attempt charged %d times", n)
-		}
-	})
+	}
+	if all.Namespace != "" || !seen[A.Namespace] || !seen[B.Namespace] || !seen[pub.Namespace] {
+		t.Errorf("admin's state (namespace %q) shows namespaces %v", all.Namespace, seen)
+	}
+	sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", attackAdmin)
+	sameLedger(t, "admin's summary", sum.Stores, ledgerOf(t, a, ""))
+	runsOf := map[lab.Namespace]bool{}
+	for _, r := range sum.RecentRuns {
+		runsOf[lab.NamespaceOf(r.Tenant)] = true
+	}
+	if sum.Namespace != "" || !runsOf[A.Namespace] || !runsOf[B.Namespace] || !runsOf[pub.Namespace] {
+		t.Errorf("admin's summary (namespace %q) shows runs of %v", sum.Namespace, runsOf)
+	}
+}
 
-	t.Run("F05_ReportsShowOnlyTheCallersNamespace", func(t *testing.T) {
-		type viewer struct {
-			name, token string
-			ns          lab.Namespace
-			tenant      string
+// attackControlBytes (F06): control bytes, invalid UTF-8, broken escapes,
+// empty and repeated values in the routes' parameters are each a 400
+// naming the parameter, anonymous or as A, and change no ledger.
+func attackControlBytes(t *testing.T, f *nsAttack) {
+	a, base, A := f.a, f.base, f.A
+	before := ledgerOf(t, a, "")
+	for _, tc := range []struct {
+		method, path, param string
+	}{
+		{http.MethodGet, "/idempotency/state?account=%00", "account"},
+		{http.MethodGet, "/idempotency/state?account=%ff", "account"},
+		{http.MethodGet, "/idempotency/state?store=postgres&key=%00", "key"},
+		{http.MethodGet, "/idempotency/state?store=postgres&key=%ff", "key"},
+		{http.MethodGet, "/idempotency/state?store=redis&key=a%0Ab", "key"},
+		{http.MethodGet, "/idempotency/state?store=memory&key=a%7Fb", "key"},
+		{http.MethodGet, "/idempotency/state?account=a%C2%85b", "account"},
+		{http.MethodGet, "/idempotency/state?account=", "account"},
+		{http.MethodGet, "/idempotency/state?account=a&account=b", "account"},
+		{http.MethodGet, "/idempotency/state?store=%00", "store"},
+		{http.MethodGet, "/idempotency/state?limit=%ff", "limit"},
+		{http.MethodGet, "/idempotency/state?account=%zz", "query"},
+		{http.MethodGet, "/idempotency/state?account=%f", "query"},
+		{http.MethodGet, "/outbox?limit=%00", "limit"},
+		{http.MethodGet, "/charge-idempotent?store=postgres&key=%00", "key"},
+		{http.MethodGet, "/charge-idempotent?store=postgres&account=%ff", "account"},
+		{http.MethodGet, "/charge-idempotent?store=postgres&order_id=%00", "order_id"},
+		{http.MethodGet, "/charge-unsafe?key=%ff%fe", "key"},
+		{http.MethodPost, "/lab/restart-store?store=%00", "store"},
+		{http.MethodPost, "/reset-lab?all=%00", "all"},
+		{http.MethodGet, "/lab/matrix?format=%ff", "format"},
+	} {
+		for _, token := range []string{"", A.Token} {
+			r := labtest.Do(t, tc.method, base+tc.path, labtest.Bearer(token), "")
+			labtest.WantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
 		}
-		viewers := []viewer{
-			{"A", A.Token, A.Namespace, A.Tenant}, {"B", B.Token, B.Namespace, B.Tenant},
-			{"anonymous", "", pub.Namespace, pub.Tenant}, {"globex", labtest.Globex, "globex", "globex"},
-		}
-		sums := map[lab.StoreName]int{}
-		for _, v := range viewers {
-			st := stateAs(t, base, v.token)
-			if st.Namespace != string(v.ns) {
-				t.Errorf("%s's state is of namespace %q", v.name, st.Namespace)
-			}
-			for store, s := range st.Stores {
-				sums[store] += s.Total
-				for _, k := range s.Keys {
-					if lab.NamespaceOf(k.Tenant) != v.ns {
-						t.Errorf("%s sees %s's key %s (fingerprint %s) on %s", v.name, k.Tenant, k.Key, k.Fingerprint, store)
-					}
-				}
-			}
-			if len(st.BalanceCents) != 2 {
-				t.Errorf("%s sees balances %v", v.name, st.BalanceCents)
-			}
-			for _, tenant := range []string{v.tenant, v.tenant + lab.SecondTenantSuffix} {
-				want, err := a.Books().Balance(ctx, tenant, "acct-1")
-				if got, ok := st.BalanceCents[tenant]; err != nil || !ok || got != want {
-					t.Errorf("%s sees %s's balance %d (present %v), ledger %d", v.name, tenant, got, ok, want)
-				}
-			}
-			sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", v.token)
-			if sum.Namespace != string(v.ns) {
-				t.Errorf("%s's summary is of namespace %q", v.name, sum.Namespace)
-			}
-			sameLedger(t, v.name+"'s summary", sum.Stores, ledgerOf(t, a, v.ns))
-			for _, r := range sum.RecentRuns {
-				if lab.NamespaceOf(r.Tenant) != v.ns {
-					t.Errorf("%s sees %s's run %s", v.name, r.Tenant, r.RunID)
-				}
-			}
-			if v.name != "globex" && len(sum.RecentRuns) == 0 {
-				t.Errorf("%s sees none of its runs", v.name)
-			}
-			ob := labtest.Get[nsOutbox](t, base+"/outbox?limit=200", v.token)
-			for _, e := range ob.Events {
-				if lab.NamespaceOf(e.Tenant) != v.ns {
-					t.Errorf("%s sees %s's outbox event %s", v.name, e.Tenant, e.ID)
-				}
-			}
-			stats, err := a.Books().OutboxStats(ctx, v.ns)
+	}
+	sameLedger(t, "every namespace", ledgerOf(t, a, ""), before)
+	for _, d := range f.aDone {
+		d.replays(t, base)
+	}
+}
+
+// attackMalformedBodies (F07): every malformed body (the review's shapes
+// and their neighbours, at least 44) is a 400 naming its parameter on
+// every store, charges nothing and leaves no key.
+func attackMalformedBodies(t *testing.T, f *nsAttack) {
+	a, base, A := f.a, f.base, f.A
+	aBefore, stateBefore := ledgerOf(t, a, A.Namespace), stateAs(t, base, A.Token)
+	bodies := malformedBodies()
+	if len(bodies) < 44 {
+		t.Fatalf("only %d malformed bodies", len(bodies))
+	}
+	stores := append([]lab.StoreName{unsafestore.Name}, keyedStores...)
+	for i, b := range bodies {
+		key := fmt.Sprintf("a-f07-%d", i)
+		for _, store := range stores {
+			r, err := labtest.SendCharge(base, store, A.Token, key, b.body, nil)
 			if err != nil {
-				t.Fatal(err)
+				t.Fatalf("%s on %s: %v", b.name, store, err)
 			}
-			if got, want := ob.Pending+ob.Delivered+ob.Dead, stats.Pending+stats.Delivered+stats.Dead; got != want {
-				t.Errorf("%s's outbox counts %d events, its namespace holds %d", v.name, got, want)
-			}
+			labtest.WantProblem(t, fmt.Sprintf("%s (%q) on %s", b.name, b.body, store), r, http.StatusBadRequest, "invalid_parameter", b.param)
 		}
-		// The admin, as a bearer token, sees every namespace.
-		all := stateAs(t, base, attackAdmin)
-		seen := map[lab.Namespace]bool{}
-		for store, s := range all.Stores {
-			if s.Total != sums[store] {
-				t.Errorf("admin counts %d keys on %s, the namespaces %d", s.Total, store, sums[store])
-			}
-			for _, k := range s.Keys {
-				seen[lab.NamespaceOf(k.Tenant)] = true
+	}
+	sameLedger(t, "A after the malformed bodies", ledgerOf(t, a, A.Namespace), aBefore)
+	for i := range bodies {
+		key := fmt.Sprintf("a-f07-%d", i)
+		for _, store := range stores {
+			if n := keyCharges(t, a, A.Tenant, store, key); n != 0 {
+				t.Errorf("%s on %s charged %d times", bodies[i].name, store, n)
 			}
 		}
-		if all.Namespace != "" || !seen[A.Namespace] || !seen[B.Namespace] || !seen[pub.Namespace] {
-			t.Errorf("admin's state (namespace %q) shows namespaces %v", all.Namespace, seen)
+		for _, store := range keyedStores {
+			if st := keyStateAs(t, base, A.Token, store, key); st != lab.KeyAbsent {
+				t.Errorf("%s left key %s %s on %s", bodies[i].name, key, st, store)
+			}
 		}
-		sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", attackAdmin)
-		sameLedger(t, "admin's summary", sum.Stores, ledgerOf(t, a, ""))
-		runsOf := map[lab.Namespace]bool{}
-		for _, r := range sum.RecentRuns {
-			runsOf[lab.NamespaceOf(r.Tenant)] = true
+	}
+	after := stateAs(t, base, A.Token)
+	for store, s := range stateBefore.Stores {
+		if after.Stores[store].Total != s.Total {
+			t.Errorf("A's keys on %s: %d before, %d after", store, s.Total, after.Stores[store].Total)
 		}
-		if sum.Namespace != "" || !runsOf[A.Namespace] || !runsOf[B.Namespace] || !runsOf[pub.Namespace] {
-			t.Errorf("admin's summary (namespace %q) shows runs of %v", sum.Namespace, runsOf)
-		}
-	})
+	}
+}
 
-	t.Run("F06_ControlBytesInParametersAre400", func(t *testing.T) {
-		before := ledgerOf(t, a, "")
-		for _, tc := range []struct {
-			method, path, param string
-		}{
-			{http.MethodGet, "/idempotency/state?account=%00", "account"},
-			{http.MethodGet, "/idempotency/state?account=%ff", "account"},
-			{http.MethodGet, "/idempotency/state?store=postgres&key=%00", "key"},
-			{http.MethodGet, "/idempotency/state?store=postgres&key=%ff", "key"},
-			{http.MethodGet, "/idempotency/state?store=redis&key=a%0Ab", "key"},
-			{http.MethodGet, "/idempotency/state?store=memory&key=a%7Fb", "key"},
-			{http.MethodGet, "/idempotency/state?account=a%C2%85b", "account"},
-			{http.MethodGet, "/idempotency/state?account=", "account"},
-			{http.MethodGet, "/idempotency/state?account=a&account=b", "account"},
-			{http.MethodGet, "/idempotency/state?store=%00", "store"},
-			{http.MethodGet, "/idempotency/state?limit=%ff", "limit"},
-			{http.MethodGet, "/idempotency/state?account=%zz", "query"},
-			{http.MethodGet, "/idempotency/state?account=%f", "query"},
-			{http.MethodGet, "/outbox?limit=%00", "limit"},
-			{http.MethodGet, "/charge-idempotent?store=postgres&key=%00", "key"},
-			{http.MethodGet, "/charge-idempotent?store=postgres&account=%ff", "account"},
-			{http.MethodGet, "/charge-idempotent?store=postgres&order_id=%00", "order_id"},
-			{http.MethodGet, "/charge-unsafe?key=%ff%fe", "key"},
-			{http.MethodPost, "/lab/restart-store?store=%00", "store"},
-			{http.MethodPost, "/reset-lab?all=%00", "all"},
-			{http.MethodGet, "/lab/matrix?format=%ff", "format"},
-		} {
-			for _, token := range []string{"", A.Token} {
-				r := labtest.Do(t, tc.method, base+tc.path, labtest.Bearer(token), "")
-				labtest.WantProblem(t, tc.method+" "+tc.path, r, http.StatusBadRequest, "invalid_parameter", tc.param)
+// attackAdminToken (F08): the admin token counts only as a bearer token:
+// in another header, a cookie or the URL (refused, naming it) it neither
+// resets nor restarts every namespace nor shows a report; as a bearer it
+// charges nobody and sees everything; no ledger moves and the attendees'
+// keys still replay.
+func attackAdminToken(t *testing.T, f *nsAttack) {
+	a, base, B := f.a, f.base, f.B
+	before := ledgerOf(t, a, "")
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:"+attackAdmin))
+	headers := []http.Header{
+		{"Authorization": {attackAdmin}}, {"Authorization": {"Token " + attackAdmin}}, {"Authorization": {basic}},
+		{"Authorization": {"Bearer  " + attackAdmin}}, {"Authorization": {"Bearer " + attackAdmin + "x"}},
+		{"X-Admin-Token": {attackAdmin}}, {"Cookie": {"token=" + attackAdmin}},
+	}
+	queries := []string{"token=" + attackAdmin, "admin_token=" + attackAdmin, "access_token=" + attackAdmin}
+	try := func(method, route string) {
+		for _, h := range headers {
+			r := labtest.Do(t, method, base+route, h, "")
+			if r.Status != http.StatusUnauthorized {
+				t.Errorf("%s %s with %v: %d %s", method, route, h, r.Status, r.Body)
 			}
 		}
-		sameLedger(t, "every namespace", ledgerOf(t, a, ""), before)
-		for _, d := range aDone {
+		for _, q := range queries { // a token in the URL is refused, naming it
+			r := labtest.Do(t, method, base+route+"&"+q, nil, "")
+			if name, _, _ := strings.Cut(q, "="); r.Status != http.StatusBadRequest || !strings.Contains(string(r.Body), `"param":"`+name+`"`) {
+				t.Errorf("%s %s&%s: %d %s", method, route, q, r.Status, r.Body)
+			}
+		}
+	}
+	try(http.MethodPost, "/reset-lab?all=true")
+	try(http.MethodPost, "/lab/restart-store?store=memory&all=true")
+	try(http.MethodPost, "/lab/restart-store?store=redis&all=true")
+	// Reports: a token in the URL is refused, never read; a bad header is refused.
+	for _, q := range queries {
+		for _, route := range []string{"/idempotency/state?limit=200&" + q, "/diagnostics/summary?" + q} {
+			if r := labtest.Do(t, http.MethodGet, base+route, nil, ""); r.Status != http.StatusBadRequest || strings.Contains(string(r.Body), `"namespace"`) {
+				t.Errorf("%s: %d %s, want 400 and no report", route, r.Status, r.Body)
+			}
+		}
+	}
+	for _, h := range headers[:5] {
+		if r := labtest.Do(t, http.MethodGet, base+"/diagnostics/summary", h, ""); r.Status != http.StatusUnauthorized {
+			t.Errorf("summary with %v: %d", h, r.Status)
+		}
+	}
+	// The admin charges nobody.
+	labtest.WantProblem(t, "a charge with the admin token", func() labtest.Reply {
+		r, err := labtest.SendCharge(base, memory.Name, attackAdmin, "admin-charge", body2500, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}(), http.StatusUnauthorized, "unauthorized", "")
+	// As a bearer token, the admin sees everything.
+	if sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", attackAdmin); sum.Namespace != "" {
+		t.Errorf("admin's summary is of namespace %q", sum.Namespace)
+	}
+	sameLedger(t, "every namespace", ledgerOf(t, a, ""), before)
+	for _, d := range slices.Concat(f.aDone, f.bDone) {
+		if d.store != memory.Name || d.token != B.Token { // B's memory keys went with B's crash (F03)
 			d.replays(t, base)
 		}
-	})
+	}
+}
 
-	t.Run("F07_MalformedBodiesChargeNothing", func(t *testing.T) {
-		aBefore, stateBefore := ledgerOf(t, a, A.Namespace), stateAs(t, base, A.Token)
-		bodies := malformedBodies()
-		if len(bodies) < 44 {
-			t.Fatalf("only %d malformed bodies", len(bodies))
+// attackClosingProperty: the worst B can do in its own namespace —
+// crashes and restarts on every store, a slow flood, the matrix, more runs
+// than the history keeps, a reset — leaves A's ledger, balances, recent
+// runs, keys and replays as they were, each of A's postgres charges meanwhile
+// charged once; B's attempts on every namespace at once are refused.
+func attackClosingProperty(t *testing.T, f *nsAttack) {
+	a, base, A, B := f.a, f.base, f.A, f.B
+	snap := snapshotOf(t, a, A)
+	if len(snap.runs) == 0 {
+		t.Fatal("A has no runs to keep")
+	}
+	check := func(t *testing.T, after string, extra int) {
+		t.Helper()
+		got := snapshotOf(t, a, A)
+		sameLedger(t, "A after "+after, got.ledger, plus(snap.ledger, postgres.Name, extra, 2500))
+		if !maps.Equal(got.balance, snap.balance) {
+			t.Errorf("A's balances after %s: %v, were %v", after, got.balance, snap.balance)
 		}
-		stores := append([]lab.StoreName{unsafestore.Name}, keyedStores...)
-		for i, b := range bodies {
-			key := fmt.Sprintf("a-f07-%d", i)
-			for _, store := range stores {
-				r, err := labtest.SendCharge(base, store, A.Token, key, b.body, nil)
-				if err != nil {
-					t.Fatalf("%s on %s: %v", b.name, store, err)
-				}
-				labtest.WantProblem(t, fmt.Sprintf("%s (%q) on %s", b.name, b.body, store), r, http.StatusBadRequest, "invalid_parameter", b.param)
+		if !slices.Equal(got.runs, snap.runs) {
+			t.Errorf("A's recent runs after %s: %d %v, were %d %v", after, len(got.runs), got.runs, len(snap.runs), snap.runs)
+		}
+		for store, n := range snap.keys {
+			if store == postgres.Name {
+				n += extra
+			}
+			if got.keys[store] != n {
+				t.Errorf("A's keys on %s after %s: %d, were %d", store, after, got.keys[store], n)
 			}
 		}
-		sameLedger(t, "A after the malformed bodies", ledgerOf(t, a, A.Namespace), aBefore)
-		for i := range bodies {
-			key := fmt.Sprintf("a-f07-%d", i)
-			for _, store := range stores {
-				if n := keyCharges(t, a, A.Tenant, store, key); n != 0 {
-					t.Errorf("%s on %s charged %d times", bodies[i].name, store, n)
-				}
-			}
-			for _, store := range keyedStores {
-				if st := keyStateAs(t, base, A.Token, store, key); st != lab.KeyAbsent {
-					t.Errorf("%s left key %s %s on %s", bodies[i].name, key, st, store)
-				}
-			}
+		for _, d := range f.aDone {
+			d.replays(t, base)
 		}
-		after := stateAs(t, base, A.Token)
-		for store, s := range stateBefore.Stores {
-			if after.Stores[store].Total != s.Total {
-				t.Errorf("A's keys on %s: %d before, %d after", store, s.Total, after.Stores[store].Total)
-			}
-		}
-	})
+	}
+	aCharges := 0 // A's postgres charges of acct-2 (its balance is of acct-1)
+	aCharge := func() {
+		freshCharge(t, base, postgres.Name, A.Token, fmt.Sprintf("a-close-%d", aCharges), `{"account":"acct-2","amount_cents":2500}`)
+		aCharges++
+	}
 
-	t.Run("F08_AdminTokenOnlyAsBearer", func(t *testing.T) {
-		before := ledgerOf(t, a, "")
-		basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:"+attackAdmin))
-		headers := []http.Header{
-			{"Authorization": {attackAdmin}}, {"Authorization": {"Token " + attackAdmin}}, {"Authorization": {basic}},
-			{"Authorization": {"Bearer  " + attackAdmin}}, {"Authorization": {"Bearer " + attackAdmin + "x"}},
-			{"X-Admin-Token": {attackAdmin}}, {"Cookie": {"token=" + attackAdmin}},
-		}
-		queries := []string{"token=" + attackAdmin, "admin_token=" + attackAdmin, "access_token=" + attackAdmin}
-		try := func(method, route string) {
-			for _, h := range headers {
-				r := labtest.Do(t, method, base+route, h, "")
-				if r.Status != http.StatusUnauthorized {
-					t.Errorf("%s %s with %v: %d %s", method, route, h, r.Status, r.Body)
-				}
-			}
-			for _, q := range queries { // a token in the URL is refused, naming it
-				r := labtest.Do(t, method, base+route+"&"+q, nil, "")
-				if name, _, _ := strings.Cut(q, "="); r.Status != http.StatusBadRequest || !strings.Contains(string(r.Body), `"param":"`+name+`"`) {
-					t.Errorf("%s %s&%s: %d %s", method, route, q, r.Status, r.Body)
-				}
+	// B crashes on every store, at both crash points.
+	for _, store := range keyedStores {
+		for _, fault := range []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge} {
+			if r, err := labtest.SendCharge(base, store, B.Token, "b-close-"+string(store)+"-"+string(fault), body2500,
+				http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
+				t.Errorf("B's %s on %s answered %d %s, want a dropped connection", fault, store, r.Status, r.Body)
 			}
 		}
-		try(http.MethodPost, "/reset-lab?all=true")
-		try(http.MethodPost, "/lab/restart-store?store=memory&all=true")
-		try(http.MethodPost, "/lab/restart-store?store=redis&all=true")
-		// Reports: a token in the URL is refused, never read; a bad header is refused.
-		for _, q := range queries {
-			for _, route := range []string{"/idempotency/state?limit=200&" + q, "/diagnostics/summary?" + q} {
-				if r := labtest.Do(t, http.MethodGet, base+route, nil, ""); r.Status != http.StatusBadRequest || strings.Contains(string(r.Body), `"namespace"`) {
-					t.Errorf("%s: %d %s, want 400 and no report", route, r.Status, r.Body)
-				}
-			}
+	}
+	// B restarts every store, by route and by run; every namespace at once is refused.
+	for _, store := range keyedStores {
+		r := labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store="+string(store), labtest.Bearer(B.Token), "")
+		if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || got.Namespace != string(B.Namespace) {
+			t.Errorf("B's restart of %s: %d %s", store, r.Status, r.Body)
 		}
-		for _, h := range headers[:5] {
-			if r := labtest.Do(t, http.MethodGet, base+"/diagnostics/summary", h, ""); r.Status != http.StatusUnauthorized {
-				t.Errorf("summary with %v: %d", h, r.Status)
-			}
+		labtest.WantProblem(t, "B's restart of every namespace", labtest.Do(t, http.MethodPost,
+			base+"/lab/restart-store?all=true&store="+string(store), labtest.Bearer(B.Token), ""), http.StatusUnauthorized, "admin_token_required", "")
+		r = labtest.Do(t, http.MethodGet, base+"/charge-idempotent?fault=store_restart&attempts=3&store="+string(store)+"&key=b-close-restart", labtest.Bearer(B.Token), "")
+		if rep := labtest.Decode[experiment.Report](t, r); r.Status != http.StatusOK || rep.Tenant != B.Tenant {
+			t.Errorf("B's store_restart run on %s: %d %.300s", store, r.Status, r.Body)
 		}
-		// The admin charges nobody.
-		labtest.WantProblem(t, "a charge with the admin token", func() labtest.Reply {
-			r, err := labtest.SendCharge(base, memory.Name, attackAdmin, "admin-charge", body2500, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return r
-		}(), http.StatusUnauthorized, "unauthorized", "")
-		// As a bearer token, the admin sees everything.
-		if sum := labtest.Get[nsSummary](t, base+"/diagnostics/summary", attackAdmin); sum.Namespace != "" {
-			t.Errorf("admin's summary is of namespace %q", sum.Namespace)
-		}
-		sameLedger(t, "every namespace", ledgerOf(t, a, ""), before)
-		for _, d := range slices.Concat(aDone, bDone) {
-			if d.store != memory.Name || d.token != B.Token { // B's memory keys went with B's crash (F03)
-				d.replays(t, base)
-			}
-		}
-	})
+	}
+	check(t, "B's crashes and restarts", aCharges)
 
-	t.Run("ClosingProperty_BsWorstLeavesAUntouched", func(t *testing.T) {
-		snap := snapshotOf(t, a, A)
-		if len(snap.runs) == 0 {
-			t.Fatal("A has no runs to keep")
+	// B floods the postgres store with slow charges; A keeps charging meanwhile.
+	results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-close-slow", 22, slowFault(3000)))
+	labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, f.pool, f.cfg.PGSchema) >= 2 })
+	for range 3 {
+		aCharge()
+	}
+	for i, s := range <-results {
+		if s.err != nil || s.reply.Status >= 500 && s.reply.Header.Get("Retry-After") == "" {
+			t.Errorf("B's slow charge %d: %v %d", i, s.err, s.reply.Status)
 		}
-		check := func(t *testing.T, after string, extra int) {
-			t.Helper()
-			got := snapshotOf(t, a, A)
-			sameLedger(t, "A after "+after, got.ledger, plus(snap.ledger, postgres.Name, extra, 2500))
-			if !maps.Equal(got.balance, snap.balance) {
-				t.Errorf("A's balances after %s: %v, were %v", after, got.balance, snap.balance)
-			}
-			if !slices.Equal(got.runs, snap.runs) {
-				t.Errorf("A's recent runs after %s: %d %v, were %d %v", after, len(got.runs), got.runs, len(snap.runs), snap.runs)
-			}
-			for store, n := range snap.keys {
-				if store == postgres.Name {
-					n += extra
-				}
-				if got.keys[store] != n {
-					t.Errorf("A's keys on %s after %s: %d, were %d", store, after, got.keys[store], n)
-				}
-			}
-			for _, d := range aDone {
-				d.replays(t, base)
-			}
-		}
-		aCharges := 0 // A's postgres charges of acct-2 (its balance is of acct-1)
-		aCharge := func() {
-			freshCharge(t, base, postgres.Name, A.Token, fmt.Sprintf("a-close-%d", aCharges), `{"account":"acct-2","amount_cents":2500}`)
-			aCharges++
-		}
+	}
+	check(t, "B's slow flood", aCharges)
 
-		// B crashes on every store, at both crash points.
-		for _, store := range keyedStores {
-			for _, fault := range []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge} {
-				if r, err := labtest.SendCharge(base, store, B.Token, "b-close-"+string(store)+"-"+string(fault), body2500,
-					http.Header{lab.FaultHeader: {string(fault)}}); err == nil {
-					t.Errorf("B's %s on %s answered %d %s, want a dropped connection", fault, store, r.Status, r.Body)
-				}
-			}
-		}
-		// B restarts every store, by route and by run; every namespace at once is refused.
-		for _, store := range keyedStores {
-			r := labtest.Do(t, http.MethodPost, base+"/lab/restart-store?store="+string(store), labtest.Bearer(B.Token), "")
-			if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || got.Namespace != string(B.Namespace) {
-				t.Errorf("B's restart of %s: %d %s", store, r.Status, r.Body)
-			}
-			labtest.WantProblem(t, "B's restart of every namespace", labtest.Do(t, http.MethodPost,
-				base+"/lab/restart-store?all=true&store="+string(store), labtest.Bearer(B.Token), ""), http.StatusUnauthorized, "admin_token_required", "")
-			r = labtest.Do(t, http.MethodGet, base+"/charge-idempotent?fault=store_restart&attempts=3&store="+string(store)+"&key=b-close-restart", labtest.Bearer(B.Token), "")
-			if rep := labtest.Decode[experiment.Report](t, r); r.Status != http.StatusOK || rep.Tenant != B.Tenant {
-				t.Errorf("B's store_restart run on %s: %d %.300s", store, r.Status, r.Body)
-			}
-		}
-		check(t, "B's crashes and restarts", aCharges)
+	// B runs the matrix in its namespace.
+	r := labtest.Do(t, http.MethodGet, base+"/lab/matrix", labtest.Bearer(B.Token), "")
+	if m := labtest.Decode[experiment.Matrix](t, r); r.Status != http.StatusOK || len(m.Rows) == 0 {
+		t.Fatalf("B's matrix: %d %.300s", r.Status, r.Body)
+	}
+	check(t, "B's matrix", aCharges)
 
-		// B floods the postgres store with slow charges; A keeps charging meanwhile.
-		results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-close-slow", 22, slowFault(3000)))
-		labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, pool, cfg.PGSchema) >= 2 })
-		for range 3 {
-			aCharge()
+	// B fires more runs than the lab keeps in its history.
+	for i := range 101 {
+		r := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-unsafe?attempts=1&key=b-close-run-%d", base, i), labtest.Bearer(B.Token), "")
+		if r.Status != http.StatusOK {
+			t.Fatalf("B's run %d: %d %s", i, r.Status, r.Body)
 		}
-		for i, s := range <-results {
-			if s.err != nil || s.reply.Status >= 500 && s.reply.Header.Get("Retry-After") == "" {
-				t.Errorf("B's slow charge %d: %v %d", i, s.err, s.reply.Status)
-			}
-		}
-		check(t, "B's slow flood", aCharges)
+	}
+	check(t, "B's 101 runs", aCharges)
 
-		// B runs the matrix in its namespace.
-		r := labtest.Do(t, http.MethodGet, base+"/lab/matrix", labtest.Bearer(B.Token), "")
-		if m := labtest.Decode[experiment.Matrix](t, r); r.Status != http.StatusOK || len(m.Rows) == 0 {
-			t.Fatalf("B's matrix: %d %.300s", r.Status, r.Body)
+	// B resets its namespace; every namespace at once is refused.
+	labtest.WantProblem(t, "B's reset of every namespace", labtest.Do(t, http.MethodPost, base+"/reset-lab?all=true", labtest.Bearer(B.Token), ""),
+		http.StatusUnauthorized, "admin_token_required", "")
+	r = labtest.Do(t, http.MethodPost, base+"/reset-lab", labtest.Bearer(B.Token), "")
+	if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || !got.Reset || got.Namespace != string(B.Namespace) {
+		t.Fatalf("B's reset: %d %s", r.Status, r.Body)
+	}
+	check(t, "B's reset", aCharges)
+	if l := ledgerOf(t, a, B.Namespace); len(l) != 0 {
+		t.Errorf("B's ledger after its reset: %+v", l)
+	}
+	for store, s := range stateAs(t, base, B.Token).Stores {
+		if s.Total != 0 {
+			t.Errorf("B's keys on %s after its reset: %d", store, s.Total)
 		}
-		check(t, "B's matrix", aCharges)
+	}
 
-		// B fires more runs than the lab keeps in its history.
-		for i := range 101 {
-			r := labtest.Do(t, http.MethodGet, fmt.Sprintf("%s/charge-unsafe?attempts=1&key=b-close-run-%d", base, i), labtest.Bearer(B.Token), "")
-			if r.Status != http.StatusOK {
-				t.Fatalf("B's run %d: %d %s", i, r.Status, r.Body)
-			}
+	// A's postgres charges keep succeeding, each charged once.
+	for range 3 {
+		aCharge()
+	}
+	for i := range aCharges {
+		if n := keyCharges(t, a, A.Tenant, postgres.Name, fmt.Sprintf("a-close-%d", i)); n != 1 {
+			t.Errorf("A's charge a-close-%d: %d charges", i, n)
 		}
-		check(t, "B's 101 runs", aCharges)
-
-		// B resets its namespace; every namespace at once is refused.
-		labtest.WantProblem(t, "B's reset of every namespace", labtest.Do(t, http.MethodPost, base+"/reset-lab?all=true", labtest.Bearer(B.Token), ""),
-			http.StatusUnauthorized, "admin_token_required", "")
-		r = labtest.Do(t, http.MethodPost, base+"/reset-lab", labtest.Bearer(B.Token), "")
-		if got := labtest.Decode[scopeReply](t, r); r.Status != http.StatusOK || !got.Reset || got.Namespace != string(B.Namespace) {
-			t.Fatalf("B's reset: %d %s", r.Status, r.Body)
-		}
-		check(t, "B's reset", aCharges)
-		if l := ledgerOf(t, a, B.Namespace); len(l) != 0 {
-			t.Errorf("B's ledger after its reset: %+v", l)
-		}
-		for store, s := range stateAs(t, base, B.Token).Stores {
-			if s.Total != 0 {
-				t.Errorf("B's keys on %s after its reset: %d", store, s.Total)
-			}
-		}
-
-		// A's postgres charges keep succeeding, each charged once.
-		for range 3 {
-			aCharge()
-		}
-		for i := range aCharges {
-			if n := keyCharges(t, a, A.Tenant, postgres.Name, fmt.Sprintf("a-close-%d", i)); n != 1 {
-				t.Errorf("A's charge a-close-%d: %d charges", i, n)
-			}
-		}
-		check(t, "everything B did", aCharges)
-	})
+	}
+	check(t, "everything B did", aCharges)
 }
 
 // malformedBody is a body that must be refused, and the parameter the

@@ -18,6 +18,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/signature"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 	"github.com/idempotency-lab/lab/variants/postgres"
 )
 
@@ -529,7 +530,8 @@ func TestWebhooksOfOneNamespaceDoNotWaitForAnother(t *testing.T) {
 // records, as the provider's stats do.
 func TestQueuedWebhooksCountTheProvidersQueue(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, effectsConfig(t))
+	ticked := testsignal.New() // after each turn of the lab's relay
+	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.Relay.Signals.Ticked = ticked }))
 	ctx := t.Context()
 	if queued, err := a.QueuedWebhooks(ctx); err != nil || queued != 0 {
 		t.Fatalf("queued before any charge: %d, %v", queued, err)
@@ -540,7 +542,7 @@ func TestQueuedWebhooksCountTheProvidersQueue(t *testing.T) {
 	const charges = 3
 	openRun(t, a, "run-queued")
 	chargeMany(t, a.URL(), postgres.Name, "run-queued", charges, nil)
-	labtest.Eventually(t, "the run's events delivered", func() bool { return runStats(t, a, "run-queued").Delivered == charges })
+	ticked.WaitUntil(t, "the run's events delivered", func() bool { return runStats(t, a, "run-queued").Delivered == charges })
 	queued, err := a.QueuedWebhooks(ctx)
 	if err != nil {
 		t.Fatal(err)
