@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -394,7 +395,7 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 	// The tiles show the run's own figures; a total says so, and money reads as money.
 	if tiles, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`["run-cents", "total-balance"].map(n => document.querySelector("#result [data-figure=" + n + "]").textContent)`)); err != nil ||
-		len(tiles) != 2 || !strings.HasPrefix(tiles[0], "$") || !strings.HasPrefix(tiles[1], "$") || !strings.Contains(tiles[1], "total") {
+		len(tiles) != 2 || !strings.HasPrefix(tiles[0], "$") || !strings.HasPrefix(tiles[1], "$") || !strings.Contains(tiles[1], "since the last reset") {
 		t.Errorf("tiles %q (%v): want the run's charge and the balance's total, in money", tiles, err)
 	}
 
@@ -588,5 +589,89 @@ func TestPageBehindABasePathWithoutFaults(t *testing.T) {
 	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page had problems: %v", p)
+	}
+}
+
+// TestPageFirstPicture: a link opens the page with a run fired, and each
+// press of Fire with the key left blank uses a new key, so the picture is
+// five charges against one even after the walkthrough charged its key
+// (order-4711) on both designs. A link is read as strictly as a run.
+func TestPageFirstPicture(t *testing.T) {
+	cfg := app.DefaultConfig()
+	cfg.Variants = variants.Builtin()
+	cfg.Addr, cfg.EmbedPostgres, cfg.RedisPair = "127.0.0.1:0", false, false
+	a := labtest.Start(t, cfg)
+	for _, path := range []string{"/charge-unsafe?attempts=5&key=order-4711", "/charge-idempotent?store=memory&attempts=5&key=order-4711"} {
+		if r := labtest.Do(t, http.MethodGet, a.URL()+path, nil, ""); r.Status != http.StatusOK {
+			t.Fatalf("the walkthrough's %s: %d %s", path, r.Status, r.Body)
+		}
+	}
+	html := http.Header{"Accept": {"text/html"}}
+	for query, param := range map[string]string{"store=memory&attempts=0&fire=1": "attempts", "store=nope&fire=1": "store",
+		"fire=yes": "fire", "compare=nope": "compare", "store=memory&work_ms=300": "work_ms", "account=acct-2": "account"} {
+		labtest.WantProblem(t, "the link /?"+query, labtest.Do(t, http.MethodGet, a.URL()+"/?"+query, html, ""), http.StatusBadRequest, "invalid_parameter", param)
+	}
+
+	// Every link docs/page.md lists opens the page.
+	doc, err := os.ReadFile("../docs/page.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := regexp.MustCompile("(?m)^\\| `(/\\?[^`]+)`").FindAllStringSubmatch(string(doc), -1)
+	if len(links) < 3 {
+		t.Fatalf("docs/page.md lists %d links that fire a run", len(links))
+	}
+	for _, l := range links {
+		if r := labtest.Do(t, http.MethodGet, a.URL()+l[1], html, ""); r.Status != http.StatusOK || !strings.HasPrefix(r.Header.Get("Content-Type"), "text/html") {
+			t.Errorf("docs/page.md's link %s: %d %.200s", l[1], r.Status, r.Body)
+		}
+	}
+
+	ctx, problems := browser(t)
+	step, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	type picture struct {
+		Stores  []string `json:"stores"`
+		Charges []string `json:"charges"`
+		Keys    []string `json:"keys"`
+	}
+	// shown waits for the side-by-side result and reads it.
+	shown := func(what string) picture {
+		t.Helper()
+		if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2`)); err != nil {
+			t.Fatalf("%s: no side-by-side result: %v", what, err)
+		}
+		p, err := chromedp.Run(ctx, chromedp.Evaluate[picture](`(() => { const runs = [...document.querySelectorAll(".pair .run")];
+			return { stores: runs.map(r => r.querySelector(".verdict").textContent.split(":")[0]), charges: runs.map(r => r.querySelector(".ledger").dataset.charges),
+				keys: runs.map(r => r.querySelector("[data-key]").textContent) } })()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(p.Stores, []string{"unsafe", "memory"}) || !slices.Equal(p.Charges, []string{"5", "1"}) || p.Keys[0] != p.Keys[1] || p.Keys[0] == "order-4711" {
+			t.Fatalf("%s: %+v; want unsafe 5 charges against memory 1, both on one new key", what, p)
+		}
+		return p
+	}
+	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/?store=memory&attempts=5&fire=1")); err != nil {
+		t.Fatalf("opening the link: %v", err)
+	}
+	first := shown("the link's run, fired on load")
+	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void (document.getElementById("result").innerHTML = "")`), chromedp.Click(chromedp.ID("go"))); err != nil {
+		t.Fatal(err)
+	}
+	if again := shown("a second press"); again.Keys[0] == first.Keys[0] {
+		t.Errorf("the second press reused the key %s", again.Keys[0])
+	}
+	// The panel says why the provider's captures outnumber the outbox's
+	// deliveries, and the balance since when it counts.
+	if text, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#outbox [data-direct]")?.textContent`)); err != nil || !strings.Contains(text, "unsafe") {
+		t.Errorf("the outbox panel does not say the provider also counts unsafe's direct calls: %q %v", text, err)
+	}
+	if label, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("[data-figure=total-balance] span").textContent`)); err != nil || !strings.Contains(label, "since the last reset") {
+		t.Errorf("the balance tile %q (%v) does not say since when", label, err)
+	}
+	shots(ctx, t, "first-picture")
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page logged: %v", p)
 	}
 }

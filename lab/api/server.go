@@ -224,6 +224,10 @@ type route struct {
 // on the fault (lab.FaultSpecs), checked when the run is read.
 var runParams = []string{"key", "account", "attempts", "amount", "replicas", "order_id", "scenario", "fault", "work_ms", "ttl_ms", "window_ms"}
 
+// pageParams are what a link to the page may set up, each a control of its
+// run form (store, compare, and the run's own), and fire=1 fires it on load.
+var pageParams = []string{"store", "compare", "fire", "key", "attempts", "amount", "replicas", "order_id", "fault", "work_ms", "ttl_ms", "window_ms"}
+
 // routes lists every route with the parameters it takes: one table the
 // router, the strict query check and its fuzz target all read.
 func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
@@ -231,7 +235,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 	return []route{
 		{post, "/charges", []string{"store"}, s.stepGate(s.postCharge)},
 		{get, "/charges", []string{"store", "key"}, s.chargesUnderKey},
-		{get, "/", nil, s.index},
+		{get, "/", pageParams, s.index},
 		{get, "/health", nil, s.health},
 		{get, "/ready", nil, s.ready},
 		{get, "/metrics", nil, metricsHandler},
@@ -536,6 +540,9 @@ func (s *Server) ready(c echo.Context) error {
 
 // index serves the page to browsers and lists the routes and stores otherwise.
 func (s *Server) index(c echo.Context) error {
+	if err := s.checkPageLink(c); err != nil {
+		return err
+	}
 	if accept := c.Request().Header.Get("Accept"); strings.Contains(accept, "text/html") {
 		return c.HTMLBlob(http.StatusOK, web.Page(s.cfg.BasePath))
 	}
@@ -583,6 +590,47 @@ func (s *Server) index(c echo.Context) error {
 	})
 }
 
+// checkPageLink reads a link that opens the page with a run set up, as
+// /?store=memory&replicas=3&fire=1, as strictly as that run would be read:
+// store and compare name stores (an empty compare: one run), fire is 0 or
+// 1, and the rest are the run's own parameters.
+func (s *Server) checkPageLink(c echo.Context) error {
+	q, err := wire.ParseQuery(c.Request().URL.RawQuery)
+	if err != nil || len(q.Names()) == 0 {
+		return err
+	}
+	if _, err := q.Int("fire", 0, 0, 1); err != nil {
+		return err
+	}
+	if compare, present, _ := q.Lookup("compare"); present && compare != "" {
+		if _, err := s.pageStore(q, "compare"); err != nil {
+			return err
+		}
+	}
+	store, err := s.pageStore(q, "store")
+	if err != nil {
+		return err
+	}
+	who, err := s.who(c.Request(), true)
+	if err != nil {
+		return err
+	}
+	_, _, err = s.parseSpec(c, store, who.Identity)
+	return err
+}
+
+// pageStore reads a registered store's name (default: the default store).
+func (s *Server) pageStore(q wire.Query, param string) (lab.StoreName, error) {
+	raw, err := q.Name(param, string(s.cfg.DefaultStore))
+	if err != nil {
+		return "", err
+	}
+	if _, ok := s.deps.Variants.Get(lab.StoreName(raw)); !ok {
+		return "", lab.Invalid(param, "must be one of %s (got %q)", s.storeList(), raw)
+	}
+	return lab.StoreName(raw), nil
+}
+
 // Index is the JSON answer of GET /: what the page builds its controls from.
 type Index struct {
 	Lab          string         `json:"lab"`
@@ -608,6 +656,7 @@ type VariantIndex struct {
 	Decides     string        `json:"decides"`
 	Keys        string        `json:"keys"`
 	RequiresKey bool          `json:"requires_key"`
+	Effects     string        `json:"effects"` // "outbox", or "direct": the provider called inside the request
 	Available   bool          `json:"available"`
 	HowToEnable string        `json:"how_to_enable,omitempty"`
 }
@@ -621,7 +670,7 @@ type FaultIndex struct {
 func (s *Server) variantIndex() []VariantIndex {
 	var out []VariantIndex
 	for _, v := range s.deps.Variants.All() {
-		vi := VariantIndex{Name: v.Name, Label: v.Label, Decides: v.Decides, Keys: v.Keys, RequiresKey: v.RequiresKey}
+		vi := VariantIndex{Name: v.Name, Label: v.Label, Decides: v.Decides, Keys: v.Keys, RequiresKey: v.RequiresKey, Effects: v.Effects}
 		if st, ok := s.deps.Stores[v.Name]; ok {
 			vi.Available = true
 			if d, ok := st.(lab.Describer); ok {
