@@ -48,7 +48,7 @@ func readmeWalkthrough(t *testing.T) []curlCommand {
 		if code, comment, ok := strings.Cut(l, "#"); ok {
 			l, c.comment = code, strings.TrimSpace(comment)
 		}
-		for _, m := range regexp.MustCompile(`-X (\w+)|-H '([^']*)'|-d '([^']*)'|'(http://[^']*)'`).FindAllStringSubmatch(l, -1) {
+		for _, m := range regexp.MustCompile(`-X (\w+)|-H '([^']*)'|-d '([^']*)'|"\$LAB(/[^"]*)"`).FindAllStringSubmatch(l, -1) {
 			switch {
 			case m[1] != "":
 				c.method = m[1]
@@ -61,10 +61,19 @@ func readmeWalkthrough(t *testing.T) []curlCommand {
 					c.method = http.MethodPost // as curl -d does
 				}
 			case m[4] != "":
-				c.path = strings.TrimPrefix(m[4], "http://127.0.0.1:8616")
+				c.path = m[4]
 			}
 		}
+		if c.path == "" {
+			t.Errorf("the walkthrough's %q names no \"$LAB/…\" URL", c.line)
+		}
 		cmds = append(cmds, c)
+	}
+	// Every command follows the lab's address: set once, as LAB.
+	for _, l := range strings.Split(string(readme), "\n") {
+		if cmd := strings.TrimSpace(l); strings.HasPrefix(cmd, "curl ") && strings.Contains(cmd, "://") {
+			t.Errorf("README.md: %q hard-codes an address instead of $LAB", cmd)
+		}
 	}
 	if len(cmds) < 8 {
 		t.Fatalf("found %d commands in the README's walkthrough", len(cmds))
