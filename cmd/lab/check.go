@@ -79,7 +79,7 @@ func runCheck(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Usage = func() {
 		fmt.Fprint(stderr, "usage: lab check -target URL [flags]\n\n"+
 			"Checks an Idempotency-Key API over HTTP, case by case (docs/check.md); sends only to the target's host.\n"+
-			"Exit 0 when no MUST case and not the storm failed, 1 when one did, 2 when the check could not run.\n\n")
+			"Exit 0 when no MUST case (a rule the draft says MUST) and not the storm (concurrent retries of one request)\nfailed, 1 when one did, 2 when the check could not run, 130 when Ctrl-C stopped it.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

@@ -214,6 +214,16 @@ func TestASoundTargetPassesEveryCase(t *testing.T) {
 	if len(rep.Results) != len(grade.Cases()) {
 		t.Errorf("%d results for %d cases", len(rep.Results), len(grade.Cases()))
 	}
+	// The table says what its own words mean, and the summary what passed.
+	var table strings.Builder
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, word := range []string{"draft-07: ", "MUST, SHOULD: ", "sf-string: ", "storm: ", "PASSED: no MUST case (a rule the draft says MUST)"} {
+		if !strings.Contains(table.String(), word) {
+			t.Errorf("the table does not explain %q:\n%s", word, table.String())
+		}
+	}
 }
 
 func TestCheckThenActFailsTheStormAndTheHistory(t *testing.T) {

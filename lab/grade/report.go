@@ -15,13 +15,19 @@ func (r Report) summary() string {
 	for _, c := range r.Results {
 		counts[c.Verdict]++
 	}
-	verdict := "PASSED: no MUST case and not the storm failed"
+	verdict := "PASSED: no MUST case (a rule the draft says MUST) failed, nor the storm (concurrent retries of one request: one resource)"
 	if !r.Passed() {
 		verdict = "FAILED: " + strings.Join(r.Failed, ", ")
 	}
 	return fmt.Sprintf("%d pass, %d fail, %d not applicable, %d could not verify; %d requests in %.1f s. %s",
 		counts[Pass], counts[Fail], counts[NotApplicable], counts[Unverified], r.Requests, r.TookMS/1000, verdict)
 }
+
+// legend says in a few words what the table's own terms mean (the
+// markdown's "what it asks" column says it of each case).
+const legend = `draft-07: the IETF draft "The Idempotency-Key HTTP Header Field", version 07. MUST, SHOULD: its words for
+a rule and a recommendation; lesson: what the lab adds. sf-string: the key as the draft writes it, a quoted
+Structured Field string ("k"); bare-key: the same key unquoted; storm: many concurrent retries of one request.`
 
 // WriteTable writes the report as aligned plain text.
 func (r Report) WriteTable(w io.Writer) error {
@@ -38,7 +44,7 @@ func (r Report) WriteTable(w io.Writer) error {
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("error writing the report: %w", err)
 	}
-	_, err := fmt.Fprintf(w, "\n%s\n", r.summary())
+	_, err := fmt.Fprintf(w, "\n%s\n%s\n", legend, r.summary())
 	return err
 }
 
