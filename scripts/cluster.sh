@@ -19,6 +19,7 @@
 #   LAB_PG_SCHEMA     the lab's own PostgreSQL schema [idempotency_lab_cluster]
 #   LAB_REDIS_PREFIX  prefix of the lab's Redis keys [idempotency-lab-cluster:]
 #   LAB_ADMIN_TOKEN   sent to /reset-lab when set (and required by the replicas)
+#   LAB_BIN           a built lab binary to run instead of building one [none]
 #   CLUSTER_WAIT      seconds to wait for the cluster (and the Redis pair)
 #                     to answer [60]
 #   CLUSTER_REDIS_PAIR
@@ -221,8 +222,12 @@ for p in "${pair_ports[@]}"; do
 	fi
 done
 
-echo "building lab into $tmp"
-bg_wait go build -o "$tmp/lab" ./cmd/lab || die "go build failed"
+if [[ -n ${LAB_BIN:-} ]]; then
+	cp "$LAB_BIN" "$tmp/lab" || die "LAB_BIN=$LAB_BIN: cannot copy it"
+else
+	echo "building lab into $tmp"
+	bg_wait go build -o "$tmp/lab" ./cmd/lab || die "go build failed"
+fi
 
 # free_ports N PORT...: N loopback ports that were free a moment ago, none of
 # them among the PORTs given (the cluster's, which are not bound yet).

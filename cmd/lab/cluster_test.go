@@ -29,13 +29,15 @@ type process struct {
 	log  *os.File
 }
 
-// buildLab compiles the binary once per test.
+// buildLab returns the lab binary, built once for every test of the
+// package that runs it as a process or hands it to a script: parallel
+// builds of one package on a cold cache each compile it all, and on a fresh
+// machine the cluster script's own build outlasted the test's bound.
 func buildLab(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "lab")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	bin, err := builtLab()
 	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatal(err)
 	}
 	return bin
 }

@@ -1,15 +1,35 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(labtest.WithServices(m).Run()) }
+func TestMain(m *testing.M) {
+	code := labtest.WithServices(m).Run()
+	_ = os.RemoveAll(binDir)
+	os.Exit(code)
+}
+
+// binDir holds the binary builtLab builds, removed when the tests end.
+var binDir = filepath.Join(os.TempDir(), fmt.Sprintf("lab-test-bin-%d", os.Getpid()))
+
+// builtLab builds the lab binary the first time it is asked for.
+var builtLab = sync.OnceValues(func() (string, error) {
+	bin := filepath.Join(binDir, "lab")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build: %w\n%s", err, out)
+	}
+	return bin, nil
+})
 
 // startLab runs the lab the command builds (NewMain: the defaults and every
 // built-in variant) on a free loopback port, with no embedded services,

@@ -146,6 +146,7 @@ func TestClusterScript(t *testing.T) {
 		"LAB_PG_SCHEMA=" + schema,
 		"LAB_REDIS_PREFIX=" + prefix,
 		"LAB_ADMIN_TOKEN=", // the cluster's replicas and the reset agree: none
+		"LAB_BIN=" + buildLab(t),
 		// The script starts its own Redis pair (on ports it picks) when it can.
 		"CLUSTER_REDIS_PAIR=on", "CLUSTER_REDIS_PAIR_PORTS=", "LAB_REDIS_PAIR_PRIMARY=", "LAB_REDIS_PAIR_REPLICA=",
 	}
@@ -302,7 +303,7 @@ func TestClusterScriptInterrupted(t *testing.T) {
 	cmd.Env = append(os.Environ(),
 		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]), fmt.Sprintf("FRONT_PORT=%d", ports[3]),
 		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "LAB_PG_SCHEMA="+schema, "LAB_REDIS_PREFIX="+prefix,
-		"LAB_ADMIN_TOKEN=", "CLUSTER_REDIS_PAIR=off")
+		"LAB_ADMIN_TOKEN=", "CLUSTER_REDIS_PAIR=off", "LAB_BIN="+buildLab(t))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a group of its own, as a terminal's foreground job
 	cmd.WaitDelay = 30 * time.Second
 	r, w, err := os.Pipe()
