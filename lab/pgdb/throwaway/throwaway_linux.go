@@ -124,37 +124,47 @@ type Cluster struct {
 // Each of settings is a server setting, name=value, applied after the
 // defaults, so it may override them (as max_connections=300).
 func Start(ctx context.Context, logger *slog.Logger, settings ...string) (*Cluster, error) {
-	binDir, err := Find()
+	c, binDir, cred, err := newCluster(logger, settings)
 	if err != nil {
 		return nil, err
 	}
-	cred, err := serverCredential()
-	if err != nil {
-		return nil, err
-	}
-	parent, err := tempParent(cred)
-	if err != nil {
-		return nil, err
-	}
-	dir, err := os.MkdirTemp(parent, "lab-pg-*")
-	if err != nil {
-		return nil, fmt.Errorf("error creating temp directory for PostgreSQL: %w", err)
-	}
-	c := &Cluster{logger: logger, dir: dir, settings: settings}
 	if err := c.start(ctx, binDir, cred); err != nil {
 		return nil, errors.Join(err, c.Close())
 	}
 	logger.Info("started embedded PostgreSQL",
-		"bin", binDir, "dir", dir, "port", c.port, "pid", c.pid)
+		"bin", binDir, "dir", c.dir, "port", c.port, "pid", c.pid)
 	return c, nil
 }
 
-func (c *Cluster) start(ctx context.Context, binDir string, cred *syscall.Credential) error {
+// newCluster makes the directory of a cluster not started yet, owned by
+// the user the server will run as, and finds the binaries it runs.
+func newCluster(logger *slog.Logger, settings []string) (*Cluster, string, *syscall.Credential, error) {
+	binDir, err := Find()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	cred, err := serverCredential()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	parent, err := tempParent(cred)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	dir, err := os.MkdirTemp(parent, "lab-pg-*")
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("error creating temp directory for PostgreSQL: %w", err)
+	}
+	c := &Cluster{logger: logger, dir: dir, settings: settings}
 	if cred != nil {
-		if err := os.Chown(c.dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			return fmt.Errorf("error handing %s to the PostgreSQL user: %w", c.dir, err)
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
+			return nil, "", nil, errors.Join(fmt.Errorf("error handing %s to the PostgreSQL user: %w", dir, err), c.Close())
 		}
 	}
+	return c, binDir, cred, nil
+}
+
+func (c *Cluster) start(ctx context.Context, binDir string, cred *syscall.Credential) error {
 	dataDir := filepath.Join(c.dir, "data")
 	initdb := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
 		"-D", dataDir,
@@ -169,7 +179,15 @@ func (c *Cluster) start(ctx context.Context, binDir string, cred *syscall.Creden
 	if err := c.run(initdb, cred); err != nil {
 		return fmt.Errorf("error running initdb: %w\n%s", err, c.logTail(0))
 	}
+	if err := c.serve(ctx, binDir, dataDir, cred); err != nil {
+		return err
+	}
+	return c.createDatabase(ctx)
+}
 
+// serve starts the server on dataDir, on a free port (another, if one was
+// taken meanwhile), and checks the server answering is the one started.
+func (c *Cluster) serve(ctx context.Context, binDir, dataDir string, cred *syscall.Credential) error {
 	for attempt := 1; ; attempt++ {
 		err := c.startServer(ctx, binDir, dataDir, cred)
 		if err == nil {
@@ -179,10 +197,6 @@ func (c *Cluster) start(ctx context.Context, binDir string, cred *syscall.Creden
 			return err
 		}
 		c.logger.Warn("embedded PostgreSQL port was taken, retrying", "attempt", attempt, "err", err)
-	}
-
-	if err := c.createDatabase(ctx); err != nil {
-		return err
 	}
 	pid, err := readPostmasterPID(dataDir)
 	if err != nil {
