@@ -16,7 +16,6 @@ import (
 	"github.com/idempotency-lab/lab/variants/lease"
 )
 
-
 // answerOf waits for an attempt's answer; the test fails after 10 seconds.
 func answerOf(t *testing.T, who string, done <-chan labtest.Answer) labtest.Answer {
 	t.Helper()

@@ -14,7 +14,6 @@ import (
 	"github.com/idempotency-lab/lab/variants/memory"
 )
 
-
 // inspect reads the key and checks its state and that a fact holds want.
 func inspect(t *testing.T, s *memory.Store, sc lab.Scope, state, want string) {
 	t.Helper()
