@@ -126,6 +126,22 @@ func scriptMatrixRow(out, title string) []string {
 	return nil
 }
 
+// clusterScriptEnv is cluster.sh's environment for one test: free ports,
+// a PostgreSQL schema and a Redis prefix of its own (dropped when the test
+// ends), no admin token, and the binary built for the package.
+func clusterScriptEnv(t *testing.T) (env []string, dbURL, schema, prefix string) {
+	t.Helper()
+	dbURL, schema = labtest.Postgres(t)
+	redisURL, prefix := labtest.Redis(t)
+	ports := labtest.FreePorts(t, 4)
+	return []string{
+		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]), fmt.Sprintf("FRONT_PORT=%d", ports[3]),
+		"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "LAB_PG_SCHEMA=" + schema, "LAB_REDIS_PREFIX=" + prefix,
+		"LAB_ADMIN_TOKEN=", // the cluster's replicas and the reset agree: none
+		"LAB_BIN=" + buildLab(t),
+	}, dbURL, schema, prefix
+}
+
 func TestClusterScript(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -135,21 +151,9 @@ func TestClusterScript(t *testing.T) {
 	_, errServer := exec.LookPath("redis-server")
 	_, errCLI := exec.LookPath("redis-cli")
 	withPair := errServer == nil && errCLI == nil
-	dbURL, schema := labtest.Postgres(t) // schema dropped (DROP SCHEMA … CASCADE) when the test ends
-	redisURL, prefix := labtest.Redis(t) // keys under prefix deleted when the test ends
-	ports := labtest.FreePorts(t, 4)
-	env := []string{
-		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]),
-		fmt.Sprintf("FRONT_PORT=%d", ports[3]),
-		"DATABASE_URL=" + dbURL,
-		"REDIS_URL=" + redisURL,
-		"LAB_PG_SCHEMA=" + schema,
-		"LAB_REDIS_PREFIX=" + prefix,
-		"LAB_ADMIN_TOKEN=", // the cluster's replicas and the reset agree: none
-		"LAB_BIN=" + buildLab(t),
-		// The script starts its own Redis pair (on ports it picks) when it can.
-		"CLUSTER_REDIS_PAIR=on", "CLUSTER_REDIS_PAIR_PORTS=", "LAB_REDIS_PAIR_PRIMARY=", "LAB_REDIS_PAIR_REPLICA=",
-	}
+	env, _, schema, prefix := clusterScriptEnv(t)
+	// The script starts its own Redis pair (on ports it picks) when it can.
+	env = append(env, "CLUSTER_REDIS_PAIR=on", "CLUSTER_REDIS_PAIR_PORTS=", "LAB_REDIS_PAIR_PRIMARY=", "LAB_REDIS_PAIR_REPLICA=")
 	out, code := runScript(t, 3*time.Minute, env, "../../scripts/cluster.sh")
 	t.Logf("cluster.sh output:\n%s", out)
 
@@ -296,14 +300,9 @@ func TestClusterScriptInterrupted(t *testing.T) {
 		t.Skip("starts a three-replica cluster; not in -short")
 	}
 	scriptNeedTools(t, "bash", "go", "curl", "python3")
-	dbURL, schema := labtest.Postgres(t)
-	redisURL, prefix := labtest.Redis(t)
-	ports := labtest.FreePorts(t, 4)
+	env, dbURL, schema, _ := clusterScriptEnv(t)
 	cmd := exec.Command("bash", "../../scripts/cluster.sh")
-	cmd.Env = append(os.Environ(),
-		fmt.Sprintf("CLUSTER_PORTS=%d %d %d", ports[0], ports[1], ports[2]), fmt.Sprintf("FRONT_PORT=%d", ports[3]),
-		"DATABASE_URL="+dbURL, "REDIS_URL="+redisURL, "LAB_PG_SCHEMA="+schema, "LAB_REDIS_PREFIX="+prefix,
-		"LAB_ADMIN_TOKEN=", "CLUSTER_REDIS_PAIR=off", "LAB_BIN="+buildLab(t))
+	cmd.Env = append(append(os.Environ(), env...), "CLUSTER_REDIS_PAIR=off")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a group of its own, as a terminal's foreground job
 	cmd.WaitDelay = 30 * time.Second
 	r, w, err := os.Pipe()

@@ -50,16 +50,11 @@ func (s *Server) chargeIdempotent(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	raw, err := q.Name("store", string(s.cfg.DefaultStore))
+	name, err := s.storeParam(q, "store")
 	if err != nil {
 		return err
 	}
-	name := lab.StoreName(raw)
-	v, ok := s.deps.Variants.Get(name)
-	if !ok {
-		return lab.Invalid("store", "must be one of %s (got %q)", s.storeList(), name)
-	}
-	if !v.RequiresKey {
+	if v, _ := s.deps.Variants.Get(name); !v.RequiresKey {
 		return lab.Invalid("store", "must be an idempotent store; /charge-unsafe runs %s", name)
 	}
 	return s.labRun(c, name)

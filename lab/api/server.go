@@ -603,11 +603,11 @@ func (s *Server) checkPageLink(c echo.Context) error {
 		return err
 	}
 	if compare, present, _ := q.Lookup("compare"); present && compare != "" {
-		if _, err := s.pageStore(q, "compare"); err != nil {
+		if _, err := s.storeParam(q, "compare"); err != nil {
 			return err
 		}
 	}
-	store, err := s.pageStore(q, "store")
+	store, err := s.storeParam(q, "store")
 	if err != nil {
 		return err
 	}
@@ -619,8 +619,8 @@ func (s *Server) checkPageLink(c echo.Context) error {
 	return err
 }
 
-// pageStore reads a registered store's name (default: the default store).
-func (s *Server) pageStore(q wire.Query, param string) (lab.StoreName, error) {
+// storeParam reads a registered store's name (default: the default store).
+func (s *Server) storeParam(q wire.Query, param string) (lab.StoreName, error) {
 	raw, err := q.Name(param, string(s.cfg.DefaultStore))
 	if err != nil {
 		return "", err

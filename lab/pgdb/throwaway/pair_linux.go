@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
@@ -38,7 +37,6 @@ const holdTimeout = 20 * time.Second
 // PostgreSQL over: hold replication, promote the standby, read both, then
 // rebuild a standby from the new primary. It is not safe for concurrent use.
 type Pair struct {
-	logger  *slog.Logger
 	mode    Replication
 	primary *Cluster
 	standby *Cluster
@@ -57,21 +55,15 @@ func StartPair(ctx context.Context, logger *slog.Logger, mode Replication) (*Pai
 	if err != nil {
 		return nil, err
 	}
-	p := &Pair{logger: logger, mode: mode, primary: primary}
+	p := &Pair{mode: mode, primary: primary}
 	if err := p.attachStandby(ctx); err != nil {
 		return nil, errors.Join(err, p.Close())
 	}
 	return p, nil
 }
 
-// Mode is the pair's replication mode.
-func (p *Pair) Mode() Replication { return p.mode }
-
 // Primary is the server that takes writes now.
 func (p *Pair) Primary() *Cluster { return p.primary }
-
-// Standby is the server streaming from it (nil between Promote and Rebuild).
-func (p *Pair) Standby() *Cluster { return p.standby }
 
 // Old is the primary the last Promote replaced, still running so that what
 // it committed can be read, until Rebuild discards it (nil otherwise).
@@ -89,17 +81,20 @@ func (p *Pair) attachStandby(ctx context.Context) error {
 	if p.mode == Sync {
 		names = `"` + standbyName + `"`
 	}
-	if err := p.primary.exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quote(names)); err != nil {
-		return err
-	}
-	if err := p.primary.exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+	if err := p.primary.setConf(ctx, "synchronous_standby_names", names); err != nil {
 		return err
 	}
 	return p.waitStreaming(ctx)
 }
 
-// quote is a SQL string literal (ALTER SYSTEM takes no parameters).
-func quote(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+// setConf sets a server setting on c and reloads it (ALTER SYSTEM takes
+// no parameters: value is written as a quoted literal).
+func (c *Cluster) setConf(ctx context.Context, name, value string) error {
+	if err := c.query(ctx, "ALTER SYSTEM SET "+name+" = '"+strings.ReplaceAll(value, "'", "''")+"'", nil); err != nil {
+		return err
+	}
+	return c.query(ctx, "SELECT pg_reload_conf()", nil)
+}
 
 // waitStreaming waits until the primary streams to the standby (and, in
 // Sync mode, counts it as synchronous): before, a Sync commit would wait.
@@ -122,10 +117,7 @@ func (p *Pair) Hold(ctx context.Context) error {
 		return errors.New("no standby to hold: promoted, not rebuilt")
 	}
 	nowhere := fmt.Sprintf("host=127.0.0.1 port=1 user=%s application_name=%s", superuser, standbyName)
-	if err := p.standby.exec(ctx, "ALTER SYSTEM SET primary_conninfo = "+quote(nowhere)); err != nil {
-		return err
-	}
-	if err := p.standby.exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+	if err := p.standby.setConf(ctx, "primary_conninfo", nowhere); err != nil {
 		return err
 	}
 	hctx, cancel := context.WithTimeout(ctx, holdTimeout)
@@ -142,11 +134,11 @@ func (p *Pair) Promote(ctx context.Context) error {
 		return errors.New("no standby to promote")
 	}
 	var done bool
-	if err := p.standby.queryRow(ctx, "SELECT pg_promote(true, 30)", nil, &done); err != nil || !done {
+	if err := p.standby.query(ctx, "SELECT pg_promote(true, 30)", nil, &done); err != nil || !done {
 		return fmt.Errorf("error promoting the standby (done %v): %w", done, err)
 	}
 	p.old, p.primary, p.standby = p.primary, p.standby, nil
-	p.logger.Info("promoted the PostgreSQL standby", "primary", p.primary.port, "old", p.old.port)
+	p.primary.logger.Info("promoted the PostgreSQL standby", "primary", p.primary.port, "old", p.old.port)
 	return nil
 }
 
@@ -197,20 +189,15 @@ func (c *Cluster) startStandby(ctx context.Context) (*Cluster, error) {
 	return s, nil
 }
 
-// exec runs one statement on c's "postgres" database.
-func (c *Cluster) exec(ctx context.Context, sql string, args ...any) error {
-	return c.queryRow(ctx, sql, args, nil)
-}
-
-// queryRow runs one statement on c's "postgres" database, scanning its row
+// query runs one statement on c's "postgres" database, scanning its row
 // into dest when given.
-func (c *Cluster) queryRow(ctx context.Context, sql string, args []any, dest ...any) error {
+func (c *Cluster) query(ctx context.Context, sql string, args []any, dest ...any) error {
 	conn, err := pgx.Connect(ctx, c.urlFor("postgres"))
 	if err != nil {
 		return fmt.Errorf("error connecting to PostgreSQL on port %d: %w", c.port, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if len(dest) == 0 || dest[0] == nil {
+	if len(dest) == 0 {
 		_, err = conn.Exec(ctx, sql, args...)
 	} else {
 		err = conn.QueryRow(ctx, sql, args...).Scan(dest...)
@@ -226,13 +213,13 @@ func (c *Cluster) queryRow(ctx context.Context, sql string, args []any, dest ...
 func (c *Cluster) await(ctx context.Context, what, query string, args ...any) error {
 	for {
 		var ok bool
-		err := c.queryRow(ctx, query, args, &ok)
+		err := c.query(ctx, query, args, &ok)
 		if err == nil && ok {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("waiting for %s on port %s: %w (last error: %v)", what, strconv.Itoa(c.port), ctx.Err(), err)
+			return fmt.Errorf("waiting for %s on port %d: %w (last error: %v)", what, c.port, ctx.Err(), err)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
@@ -245,7 +232,7 @@ func (p *Pair) WaitCaughtUp(ctx context.Context) error {
 		return errors.New("no standby to catch up")
 	}
 	var lsn string
-	if err := p.primary.queryRow(ctx, "SELECT pg_current_wal_lsn()::text", nil, &lsn); err != nil {
+	if err := p.primary.query(ctx, "SELECT pg_current_wal_lsn()::text", nil, &lsn); err != nil {
 		return err
 	}
 	return p.standby.await(ctx, "the standby replaying up to "+lsn,
