@@ -439,31 +439,59 @@ func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 		}
 		return nil
 	}
-	err := pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
-		for _, q := range []string{
-			`DELETE FROM webhook_events WHERE namespace = $1`,
-			`DELETE FROM charge_captures WHERE namespace = $1`,
-			`DELETE FROM fenced_writes WHERE namespace = $1`,
-			`DELETE FROM outbox WHERE namespace = $1`,
-			// After the events: a prune of them that committed meanwhile has rolled them up by now.
-			`DELETE FROM outbox_rollup WHERE namespace = $1`,
-			`DELETE FROM charges WHERE namespace = $1`,
-			`DELETE FROM idempotency_requests WHERE namespace = $1`,
-			`DELETE FROM cached_requests WHERE namespace = $1`,
-			`DELETE FROM lease_requests WHERE namespace = $1`,
-			`DELETE FROM account_balances WHERE split_part(tenant_id, '~', 1) = $1`,
-			`DELETE FROM lab_runs WHERE namespace = $1`,
-		} {
-			if _, err := tx.Exec(ctx, q, string(ns)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := deleteNamespace(ctx, b.pool, string(ns),
+		`DELETE FROM webhook_events WHERE namespace = $1`,
+		`DELETE FROM charge_captures WHERE namespace = $1`,
+		`DELETE FROM fenced_writes WHERE namespace = $1`,
+		`DELETE FROM outbox WHERE namespace = $1`,
+		// After the events: a prune of them that committed meanwhile has rolled them up by now.
+		`DELETE FROM outbox_rollup WHERE namespace = $1`,
+		`DELETE FROM charges WHERE namespace = $1`,
+		`DELETE FROM idempotency_requests WHERE namespace = $1`,
+		`DELETE FROM cached_requests WHERE namespace = $1`,
+		`DELETE FROM lease_requests WHERE namespace = $1`,
+		`DELETE FROM account_balances WHERE split_part(tenant_id, '~', 1) = $1`,
+		`DELETE FROM lab_runs WHERE namespace = $1`,
+	)
 	if err != nil {
 		return fmt.Errorf("error deleting namespace %s: %w", ns, err)
 	}
 	return nil
+}
+
+// deleteNamespace runs the deletes of a namespace's rows in one
+// transaction. A webhook or a relay completion of the namespace may lock
+// its rows in another order; PostgreSQL then ends one of the two (deadlock
+// detected), and the deletes, run again, find the other committed.
+func deleteNamespace(ctx context.Context, pool *pgxpool.Pool, ns string, deletes ...string) error {
+	return retryDeadlock(ctx, func() error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for _, q := range deletes {
+				if _, err := tx.Exec(ctx, q, ns); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+}
+
+// retryDeadlock runs fn again, up to three times, while PostgreSQL ends it
+// as a deadlock's victim.
+func retryDeadlock(ctx context.Context, fn func() error) error {
+	err := fn()
+	for try := 1; try < 4 && isDeadlock(err); try++ {
+		if serr := lab.Sleep(ctx, time.Duration(try)*20*time.Millisecond); serr != nil {
+			return errors.Join(err, serr)
+		}
+		err = fn()
+	}
+	return err
+}
+
+func isDeadlock(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "40P01"
 }
 
 // Tenants keeps the tenants who joined the lab, by their token's hash.

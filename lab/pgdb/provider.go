@@ -303,20 +303,13 @@ func (r *ProviderRecords) Reset(ctx context.Context, ns string) error {
 		}
 		return nil
 	}
-	err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
-		for _, q := range []string{
-			`DELETE FROM provider_captures WHERE namespace = $1`,
-			`DELETE FROM provider_receipt_events WHERE namespace = $1`,
-			`DELETE FROM provider_webhooks WHERE namespace = $1`,
-			// After the rows: a prune of them that committed meanwhile has rolled them up by now.
-			`DELETE FROM provider_rollup WHERE namespace = $1`,
-		} {
-			if _, err := tx.Exec(ctx, q, ns); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	err := deleteNamespace(ctx, r.pool, ns,
+		`DELETE FROM provider_captures WHERE namespace = $1`,
+		`DELETE FROM provider_receipt_events WHERE namespace = $1`,
+		`DELETE FROM provider_webhooks WHERE namespace = $1`,
+		// After the rows: a prune of them that committed meanwhile has rolled them up by now.
+		`DELETE FROM provider_rollup WHERE namespace = $1`,
+	)
 	if err != nil {
 		return fmt.Errorf("error deleting the provider's records of namespace %s: %w", ns, err)
 	}
