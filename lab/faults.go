@@ -29,6 +29,23 @@ const (
 	// wrote to the primary, while replication was held back: what the
 	// primary acknowledged is gone, and the retries reach the new primary.
 	FaultFailover FaultPoint = "failover"
+	// FaultPGFailover promotes the PostgreSQL standby after the first
+	// attempt committed on the primary, while the standby received no WAL:
+	// under asynchronous replication what the primary acknowledged is gone;
+	// under synchronous replication its commit waits and is never
+	// acknowledged.
+	FaultPGFailover FaultPoint = "pg_failover"
+)
+
+// Replication is how the lab's PostgreSQL pair replicates: a primary that
+// acknowledges a commit at once (async, PostgreSQL's default), or once its
+// standby has it too (sync, the standby named in synchronous_standby_names).
+type Replication string
+
+// The pair's replication modes.
+const (
+	ReplicationAsync Replication = "async"
+	ReplicationSync  Replication = "sync"
 )
 
 // FaultSpec describes a fault for the index and the page's controls.
@@ -39,21 +56,26 @@ type FaultSpec struct {
 	// Defaults are the values a run takes for those parameters when none is
 	// given (the lab routes' defaults), so a page can show them.
 	Defaults map[string]int `json:"defaults,omitempty"`
+	// Choices are the values of a parameter that takes a word, the default
+	// first.
+	Choices map[string][]string `json:"choices,omitempty"`
 }
 
 // FaultSpecs lists every fault in presentation order, with the run parameters
 // each one takes.
 func FaultSpecs() []FaultSpec {
+	replication := map[string][]string{"replication": {string(ReplicationAsync), string(ReplicationSync)}}
 	return []FaultSpec{
-		{FaultSlow, "the work between claim and completion is slow", []string{"work_ms", "ttl_ms"}, map[string]int{"work_ms": 300, "ttl_ms": 1000}},
-		{FaultCrashAfterClaim, "crash after the claim, before the charge", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}},
-		{FaultCrashAfterCharge, "crash after the charge (lost response)", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}},
-		{FaultOutboxFail, "the outbox write fails", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}},
-		{FaultStoreRestart, "the store restarts between charge and retry", nil, nil},
-		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}, map[string]int{"window_ms": 200}},
+		{FaultSlow, "the work between claim and completion is slow", []string{"work_ms", "ttl_ms"}, map[string]int{"work_ms": 300, "ttl_ms": 1000}, nil},
+		{FaultCrashAfterClaim, "crash after the claim, before the charge", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}, nil},
+		{FaultCrashAfterCharge, "crash after the charge (lost response)", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}, nil},
+		{FaultOutboxFail, "the outbox write fails", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}, nil},
+		{FaultStoreRestart, "the store restarts between charge and retry", nil, nil, nil},
+		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}, map[string]int{"window_ms": 200}, nil},
 		{FaultStaleWorker, "a worker pauses past its lease, a retry takes over, then it writes", []string{"work_ms", "ttl_ms"},
-			map[string]int{"work_ms": 800, "ttl_ms": 200}},
-		{FaultFailover, "Redis fails over before the claim replicated", nil, nil},
+			map[string]int{"work_ms": 800, "ttl_ms": 200}, nil},
+		{FaultFailover, "Redis fails over before the claim replicated", nil, nil, nil},
+		{FaultPGFailover, "PostgreSQL fails over before the commit replicated (replication async or sync)", []string{"replication"}, nil, replication},
 	}
 }
 
@@ -66,6 +88,16 @@ func FaultDefault(point FaultPoint, param string) int64 {
 		}
 	}
 	return 0
+}
+
+// FaultChoices are the values point's param takes, its default first.
+func FaultChoices(point FaultPoint, param string) []string {
+	for _, f := range FaultSpecs() {
+		if f.Point == point {
+			return f.Choices[param]
+		}
+	}
+	return nil
 }
 
 // ParseFaultPoint accepts the name of a known fault.
@@ -93,6 +125,10 @@ type Faults struct {
 	// OnPair sends the attempt's Redis commands to the lab's primary and
 	// replica pair, where a failover can happen (redis=pair).
 	OnPair bool
+	// Replication, when set, sends the attempt to the lab's PostgreSQL
+	// primary and standby, replicating that way (replication=async|sync):
+	// where the pg_failover fault happens, far from the lab's own database.
+	Replication Replication
 	// RandomCaptureKey makes the charge's capture at the provider use a new
 	// random key per delivery attempt instead of one derived from the
 	// charge: the effect-side mistake (capture_key=random).
@@ -135,6 +171,9 @@ func (f Faults) String() string {
 	if f.OnPair {
 		parts = append(parts, "redis=pair")
 	}
+	if f.Replication != "" {
+		parts = append(parts, "replication="+string(f.Replication))
+	}
 	if f.Confine != "" {
 		parts = append(parts, "confine="+f.Confine)
 	}
@@ -174,6 +213,15 @@ func ParseFaults(h string) (Faults, error) {
 			f.OnPair = true
 			continue
 		}
+		if name == "replication" {
+			switch r := Replication(strings.TrimSpace(value)); r {
+			case ReplicationAsync, ReplicationSync:
+				f.Replication = r
+			default:
+				return f, Invalid(FaultHeader, "replication must be async or sync (got %q)", value)
+			}
+			continue
+		}
 		if name == "capture_key" {
 			switch strings.TrimSpace(value) {
 			case CaptureKeyRandom:
@@ -201,7 +249,7 @@ func ParseFaults(h string) (Faults, error) {
 		case "window_ms":
 			dst = &f.Retention
 		default:
-			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis, confine", name)
+			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis, replication, confine", name)
 		}
 		// Canonical decimal only, as in a query: no sign, space or leading zero.
 		ms, err := strconv.ParseInt(value, 10, 64)
@@ -212,6 +260,9 @@ func ParseFaults(h string) (Faults, error) {
 	}
 	if f.Has(FaultFailover) {
 		f.OnPair = true // a failover happens on the pair
+	}
+	if f.Has(FaultPGFailover) && f.Replication == "" {
+		f.Replication = ReplicationAsync // PostgreSQL's default
 	}
 	if f.Pauses() && f.Work == 0 {
 		return f, Invalid(FaultHeader, "%s needs work_ms in 1..60000", f.Point)

@@ -109,10 +109,12 @@ func shots(ctx context.Context, t *testing.T, name string) {
 			if w, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`)); err != nil || len(w) != 2 || w[1] != 390 || w[0] > 390 {
 				t.Errorf("%s at phone width: the page is %v wide in a %v px layout viewport, want at most 390 (%v)", name, w[0:1], w[1:], err)
 			}
-			// Every option of every select shows whole in its control.
+			// Every option of every select shown shows whole in its control
+			// (a fault's parameter is hidden until its fault is chosen).
 			cut, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`(() => {
 				const c = document.createElement("canvas").getContext("2d"), out = [];
 				for (const sel of document.querySelectorAll("select")) {
+					if (sel.offsetParent === null) continue;
 					c.font = getComputedStyle(sel).font;
 					for (const o of sel.options) if (c.measureText(o.text).width > sel.clientWidth - 30) out.push(sel.id + ": " + o.text);
 				}
@@ -232,6 +234,10 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 		// Each shown parameter starts at the fault's own default.
 		var want []string
 		for _, p := range f.Params {
+			if c := f.Choices[p]; len(c) > 0 {
+				want = append(want, p+"="+c[0])
+				continue
+			}
 			want = append(want, fmt.Sprintf("%s=%d", p, f.Defaults[p]))
 		}
 		if !slices.Equal(shown, want) && !(len(shown) == 0 && len(want) == 0) {

@@ -94,14 +94,14 @@ func writeReadme(path string, mx experiment.Matrix) error {
 	var bad []string
 	for _, row := range mx.Rows {
 		for _, c := range row.Cells {
-			if !c.Available {
+			if !c.Available && !c.NotApplicable {
 				bad = append(bad, fmt.Sprintf("%s/%s did not run here: %s", row.Case.Name, c.Store, c.HowToEnable))
 			}
 		}
 	}
 	bad = append(bad, mx.Disagreements()...)
 	if bad = append(bad, mx.Mismatches()...); len(bad) > 0 {
-		return fmt.Errorf("%s not rewritten: every cell must run, reach its design's usual verdict and be proven so by its history and money:\n%s", path, strings.Join(bad, "\n"))
+		return fmt.Errorf("%s not rewritten: every cell that applies must run, reach its design's usual verdict and be proven so by its history and money:\n%s", path, strings.Join(bad, "\n"))
 	}
 	var table strings.Builder
 	if err := mx.WriteMarkdown(&table); err != nil {

@@ -202,7 +202,7 @@ func TestClusterScript(t *testing.T) {
 
 	var failover string
 	for _, c := range experiment.Cases() {
-		if c.Name == "failover" {
+		if c.Name == "redis_failover" {
 			failover = c.Title
 		}
 	}

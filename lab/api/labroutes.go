@@ -21,6 +21,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/labsvc"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/tenants"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
 
 // Defaults of the lab routes, as attendees know them.
@@ -220,6 +221,16 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 		}
 	case lab.FaultFailover:
 		spec.Faults.OnPair = true // every attempt of the run goes to the pair
+	case lab.FaultPGFailover:
+		modes := lab.FaultChoices(lab.FaultPGFailover, "replication")
+		mode, err := q.Choice("replication", modes[0], modes...)
+		if err != nil {
+			return spec, 0, err
+		}
+		if v, _ := s.deps.Variants.Get(spec.Store); !slices.Contains(v.Needs, variant.NeedPostgres) {
+			return spec, 0, lab.Invalid("fault", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on postgres, lease or redis+postgres", spec.Store)
+		}
+		spec.Faults.Replication = lab.Replication(mode) // every attempt of the run charges on the pair
 	case lab.FaultExpired:
 		window, err := q.Int("window_ms", lab.FaultDefault(lab.FaultExpired, "window_ms"), 1, 60_000)
 		if err != nil {
@@ -231,7 +242,7 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 }
 
 // faultParams are the run parameters that belong to one fault or another.
-var faultParams = []string{"work_ms", "ttl_ms", "window_ms"}
+var faultParams = []string{"work_ms", "ttl_ms", "window_ms", "replication"}
 
 // faultParamsApply refuses a fault parameter that the chosen fault does not
 // take (ttl_ms, the claim TTL, also goes without a fault), and notes those

@@ -222,11 +222,11 @@ type route struct {
 
 // runParams are what a lab run takes; which fault parameters apply depends
 // on the fault (lab.FaultSpecs), checked when the run is read.
-var runParams = []string{"key", "account", "attempts", "amount", "replicas", "order_id", "scenario", "fault", "work_ms", "ttl_ms", "window_ms"}
+var runParams = []string{"key", "account", "attempts", "amount", "replicas", "order_id", "scenario", "fault", "work_ms", "ttl_ms", "window_ms", "replication"}
 
 // pageParams are what a link to the page may set up, each a control of its
 // run form (store, compare, and the run's own), and fire=1 fires it on load.
-var pageParams = []string{"store", "compare", "fire", "key", "attempts", "amount", "replicas", "order_id", "fault", "work_ms", "ttl_ms", "window_ms"}
+var pageParams = []string{"store", "compare", "fire", "key", "attempts", "amount", "replicas", "order_id", "fault", "work_ms", "ttl_ms", "window_ms", "replication"}
 
 // routes lists every route with the parameters it takes: one table the
 // router, the strict query check and its fuzz target all read.
@@ -454,6 +454,11 @@ func (s *Server) postCharge(c echo.Context) error {
 				return err
 			}
 			defer release()
+		}
+		if faults.Replication != "" { // a pg_failover run's attempt: it charges on the lab's PostgreSQL pair
+			if st, err = s.deps.Service.PairStore(r.Context(), st.Name()); err != nil {
+				return err
+			}
 		}
 	}
 	run, err := wire.OneField("Lab-Run", r.Header.Values("Lab-Run"))

@@ -69,6 +69,7 @@ type App struct {
 	redisWhere  string // "embedded …" or "at REDIS_URL"
 
 	failover *redisFailover // the failover fault's Redis pair, if any
+	pg       *pgFailover    // the pg_failover fault's PostgreSQL pair, started on first use
 
 	drawnToken     bool              // the admin token is drawn by Start: listening beyond loopback, none was given
 	secret         []byte            // signs and verifies the provider's webhooks
@@ -138,9 +139,14 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	a.openPair(ctx)
+	a.pg = newPGFailover(cfg.Logger, len(cfg.Peers) > 0)
+	a.pg.clock, a.pg.size, a.pg.appName = cfg.Clock, int32(cfg.PGPoolSize), a.instance+"-pair"
+	a.addCloser(a.pg.Close)
 	for _, v := range reg.All() {
 		if how := a.missing(v); how != "" {
 			a.unavailable[v.Name] = how
+		} else if slices.Contains(v.Needs, variant.NeedPostgres) {
+			a.pg.variants = append(a.pg.variants, v) // its keys are in PostgreSQL: a PostgreSQL failover reaches them
 		}
 	}
 	a.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}, Timeout: 30 * time.Second}
@@ -149,7 +155,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	}
 	a.replicas = &replicaSet{basePath: cfg.BasePath, peers: cfg.Peers, max: cfg.MaxReplicas, client: a.client,
 		failover: a.failover, start: a.startReplica}
-	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Now: cfg.Clock}
+	a.runner = &experiment.Runner{Client: a.client, Books: a.books, Variants: reg, Now: cfg.Clock, PGFailover: a.pg}
 	var joined tenants.Joined = tenants.NewInMemory()
 	if a.pool != nil {
 		joined = pgdb.NewTenants(a.pool) // every replica of a cluster resolves every attendee
@@ -195,6 +201,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		return nil, err
 	}
 	a.runner.Provider = a.providerClient
+	a.pg.provider, a.pg.relay = a.providerClient, relay.Config{Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay}
 	rl, err := relay.New(relay.Config{Outbox: a.relayOutbox, Provider: delivery.New(a.providerClient, a.relayOutbox), Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
 	if err != nil {
 		_ = ln.Close()
@@ -342,6 +349,9 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		a.budgeted = append(a.budgeted, deps.Postgres)
 		a.mu.Unlock()
 	}
+	if len(a.replicas.all()) == 0 {
+		a.pg.deps = deps // the pair's stores are the primary's, on the pair's pool and books
+	}
 	stores := map[lab.StoreName]lab.Store{}
 	for _, v := range a.variants.All() {
 		if _, off := a.unavailable[v.Name]; off {
@@ -359,7 +369,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 	}
 	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
 		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps,
-		Failover: a.failover})
+		Failover: a.failover, PGFailover: a.pg})
 	if err != nil {
 		return nil, err
 	}

@@ -213,7 +213,7 @@ func TestMatrix(t *testing.T) {
 	}
 	for _, row := range m.Rows {
 		for _, c := range row.Cells {
-			if !c.Available {
+			if !c.Available && !c.NotApplicable {
 				t.Errorf("%s: store %s unavailable", row.Case.Name, c.Store)
 			}
 		}
@@ -247,8 +247,8 @@ func TestMatrix(t *testing.T) {
 	// The lesson, cell by cell: the brief's table and the fault issue's
 	// acceptance list, written here rather than read from the code's own
 	// expectations.
-	const H, B = lab.Holds, lab.Breaks
-	want := map[string][7]lab.Verdict{ // unsafe, look-first, memory, redis, postgres, lease, redis+postgres
+	const H, B, N = lab.Holds, lab.Breaks, lab.Verdict("") // N: the case does not apply
+	want := map[string][7]lab.Verdict{                     // unsafe, look-first, memory, redis, postgres, lease, redis+postgres
 		"retries":            {B, B, H, H, H, H, H},
 		"replicas":           {B, B, B, H, H, H, H},
 		"slow_short_ttl":     {B, B, H, B, H, H, H},
@@ -260,7 +260,9 @@ func TestMatrix(t *testing.T) {
 		"expired":            {B, B, B, B, B, B, B},
 		"expired_order_id":   {H, H, H, H, H, H, H},
 		"stale_worker":       {B, B, H, B, H, H, H},
-		"failover":           {B, H, H, B, H, H, H},
+		"redis_failover":     {B, H, H, B, H, H, H},
+		"pg_failover_async":  {N, N, N, N, B, B, B},
+		"pg_failover_sync":   {N, N, N, N, H, H, H},
 		"reused":             {B, H, H, H, H, H, H},
 		"tenants":            {B, B, H, H, H, H, H},
 	}

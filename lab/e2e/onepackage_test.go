@@ -58,9 +58,15 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	_, noPair := redisdb.FindServer() // the failover row runs on a pair of redis-servers
 	for _, row := range m.Rows {
 		c := row.Cells[len(row.Cells)-1]
-		if row.Case.Name == "failover" && noPair != nil {
+		if row.Case.Name == "redis_failover" && noPair != nil {
 			if c.Available || !strings.Contains(c.HowToEnable, "apt-get install redis-server") {
 				t.Errorf("failover without redis-server: cell %+v, want it unavailable, saying what to install", c)
+			}
+			continue
+		}
+		if row.Case.NeedsPGPair { // it keeps its keys in the process: no PostgreSQL to fail over
+			if !c.NotApplicable {
+				t.Errorf("%s: cell %+v, want it not applicable", row.Case.Name, c)
 			}
 			continue
 		}

@@ -26,6 +26,9 @@ type Case struct {
 	// NeedsPair: the case fails Redis over, on the lab's primary and
 	// replica pair.
 	NeedsPair bool `json:"needs_pair,omitempty"`
+	// NeedsPGPair: the case fails PostgreSQL over, on the lab's primary and
+	// standby; it applies to the designs that keep their keys there.
+	NeedsPGPair bool `json:"needs_pg_pair,omitempty"`
 }
 
 // Cases are the matrix's scenarios: the lesson of the brief, row by row.
@@ -51,8 +54,12 @@ func Cases() []Case {
 			Faults: lab.Faults{Point: lab.FaultExpired, Retention: 200 * time.Millisecond}, OrderID: true},
 		{Name: "stale_worker", Title: "a worker pauses 600 ms past its 150 ms lease, a retry takes over, then it writes", Attempts: 3, Replicas: 1,
 			Faults: lab.Faults{Point: lab.FaultStaleWorker, Work: 600 * time.Millisecond, ClaimTTL: 150 * time.Millisecond}},
-		{Name: "failover", Title: "Redis fails over before the first attempt's writes replicated, then retries", Attempts: 3, Replicas: 1,
+		{Name: "redis_failover", Title: "Redis (not PostgreSQL) fails over before the first attempt's writes replicated, then retries", Attempts: 3, Replicas: 1,
 			Faults: lab.Faults{Point: lab.FaultFailover, OnPair: true, ClaimTTL: 300 * time.Millisecond}, NeedsPair: true},
+		{Name: "pg_failover_async", Title: "PostgreSQL fails over, asynchronous replication: the first attempt's commit never reached the standby, then retries", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultPGFailover, Replication: lab.ReplicationAsync}, NeedsPGPair: true},
+		{Name: "pg_failover_sync", Title: "PostgreSQL fails over, synchronous replication: the first attempt's commit waits for the standby, then retries", Attempts: 3, Replicas: 1,
+			Faults: lab.Faults{Point: lab.FaultPGFailover, Replication: lab.ReplicationSync}, NeedsPGPair: true},
 		{Name: "reused", Title: "same key, another amount", Attempts: 3, Replicas: 1, Scenario: ScenarioReused},
 		{Name: "tenants", Title: "two tenants, one key", Attempts: 4, Replicas: 1, Scenario: ScenarioTenants},
 	}
@@ -60,11 +67,14 @@ func Cases() []Case {
 
 // Cell is one (case, store) result.
 type Cell struct {
-	Store           lab.StoreName `json:"store"`
-	Available       bool          `json:"available"`
-	HowToEnable     string        `json:"how_to_enable,omitempty"`
-	ExpectedCharges int           `json:"expected_charges"`
-	Charges         int           `json:"charges"`
+	Store       lab.StoreName `json:"store"`
+	Available   bool          `json:"available"`
+	HowToEnable string        `json:"how_to_enable,omitempty"`
+	// NotApplicable: the case does not apply to the design (HowToEnable
+	// says why), which runs elsewhere.
+	NotApplicable   bool `json:"not_applicable,omitempty"`
+	ExpectedCharges int  `json:"expected_charges"`
+	Charges         int  `json:"charges"`
 	// What the provider recorded of the cell's run.
 	ProviderCaptures int         `json:"provider_captures"`
 	ProviderReceipts int         `json:"provider_receipts"`
@@ -107,14 +117,18 @@ type MatrixRequest struct {
 	// PairUnavailable says how to enable the cases that fail Redis over,
 	// "" when they can run.
 	PairUnavailable string
-	Targets         func(ctx context.Context, n int) ([]string, error)
-	Namespace       lab.Namespace // the caller's, as the API resolved it
-	Tenant          string        // the namespace's first tenant, and its token
-	Token           string
-	OtherTenant     string // its second tenant, and its token
-	Other           string
-	Account         string
-	Amount          int64
+	// PGPairUnavailable says why a store's cases that fail PostgreSQL
+	// over cannot run, "" when they can; applies is false when the design
+	// keeps no keys in PostgreSQL.
+	PGPairUnavailable func(store lab.StoreName) (how string, applies bool)
+	Targets           func(ctx context.Context, n int) ([]string, error)
+	Namespace         lab.Namespace // the caller's, as the API resolved it
+	Tenant            string        // the namespace's first tenant, and its token
+	Token             string
+	OtherTenant       string // its second tenant, and its token
+	Other             string
+	Account           string
+	Amount            int64
 	// Progress, when set, is told of each cell as it is decided.
 	Progress func(done, total int, c Case, cell Cell)
 }
@@ -130,10 +144,14 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 		row := Row{Case: c}
 		for _, store := range req.Stores {
 			how := req.Unavailable(store)
+			applies := true
 			if c.NeedsPair && how == "" {
 				how = req.PairUnavailable
 			}
-			cell := Cell{Store: store, Available: how == "", HowToEnable: how}
+			if c.NeedsPGPair && how == "" {
+				how, applies = req.PGPairUnavailable(store)
+			}
+			cell := Cell{Store: store, Available: how == "", HowToEnable: how, NotApplicable: !applies}
 			if cell.Available {
 				rep, err := r.runCase(ctx, req, c, store, batch)
 				if err != nil {
@@ -260,10 +278,14 @@ func (m Matrix) notRun() string {
 	seen := map[lab.StoreName]bool{}
 	for _, row := range m.Rows {
 		for _, c := range row.Cells {
-			if !c.Available && !seen[c.Store] {
-				seen[c.Store] = true
+			switch {
+			case c.Available || seen[c.Store+lab.StoreName(c.HowToEnable)]:
+			case c.NotApplicable:
+				fmt.Fprintf(&b, "\nn/a: %s\n", c.HowToEnable)
+			default:
 				fmt.Fprintf(&b, "\nn/a: `%s` did not run here: %s\n", c.Store, c.HowToEnable)
 			}
+			seen[c.Store+lab.StoreName(c.HowToEnable)] = true
 		}
 	}
 	return b.String()

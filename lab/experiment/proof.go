@@ -124,10 +124,14 @@ func (r *Runner) prove(ctx context.Context, spec Spec, tenants []string, before 
 // money holds the run to the bank invariant.
 func (r *Runner) money(ctx context.Context, spec Spec, tenants []string, before ledgerRead, rep *Report) (MoneyCheck, error) {
 	mc := MoneyCheck{Holds: true}
+	books, err := r.books(ctx, spec)
+	if err != nil {
+		return mc, err
+	}
 	var broken []string
 	for _, tenant := range tenants {
 		var m lab.AccountMoney
-		err := reread(ctx, func() (err error) { m, err = r.Books.AccountMoney(ctx, tenant, spec.Account); return err })
+		err := reread(ctx, func() (err error) { m, err = books.AccountMoney(ctx, tenant, spec.Account); return err })
 		if err != nil {
 			return mc, fmt.Errorf("error reading the account's money: %w", err)
 		}

@@ -86,6 +86,8 @@ type Runner struct {
 	Provider ProviderRecords
 	Variants *variant.Registry
 	Now      lab.Clock
+	// PGFailover is the lab's PostgreSQL pair, nil where there is none.
+	PGFailover PGFailover
 }
 
 // ProviderRecords is what a run reads of the payment provider: its own records of
@@ -188,6 +190,11 @@ type Report struct {
 	// Matrix names the matrix batch the run was a cell of, "" for a run
 	// of its own.
 	Matrix string `json:"matrix,omitempty"`
+	// Failover is what a PostgreSQL failover left on each server, and
+	// LostAcknowledged the charges a client was told of that the surviving
+	// books lack.
+	Failover         *FailoverEvidence `json:"pg_failover,omitempty"`
+	LostAcknowledged []string          `json:"lost_acknowledged,omitempty"`
 }
 
 // Run executes spec against targets (one base URL per replica; attempts go
@@ -235,13 +242,26 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if err := r.Books.OpenRun(ctx, ns, rep.RunID); err != nil {
 		return rep, fmt.Errorf("error opening the run: %w", err)
 	}
+	if spec.Faults.Replication != "" { // its charges are on the pair
+		books, err := r.books(ctx, spec)
+		if err != nil {
+			return rep, err
+		}
+		if err := books.OpenRun(ctx, ns, rep.RunID); err != nil {
+			return rep, fmt.Errorf("error opening the run on the PostgreSQL pair: %w", err)
+		}
+	}
 	read, err := r.readLedger(ctx, spec, tenants)
 	if err != nil {
 		return rep, err
 	}
 	before := read.tally
-	if rep.KeyBefore, err = r.keyState(ctx, targets[0], spec); err != nil {
-		return rep, err
+	// A pg_failover run's key is on the pair, which the key's route does
+	// not read: its evidence says what each server held instead.
+	if spec.Faults.Replication == "" {
+		if rep.KeyBefore, err = r.keyState(ctx, targets[0], spec); err != nil {
+			return rep, err
+		}
 	}
 	// What this run should add: one charge per tenant whose key is new; a
 	// key already charged should get none.
@@ -267,6 +287,7 @@ func (r *Runner) Run(ctx context.Context, spec Spec, targets []string) (Report, 
 	if err := r.conclude(ctx, spec, tenants, before, &rep); err != nil {
 		return rep, err
 	}
+	r.judgeFailover(spec, &rep)
 	return rep, r.prove(ctx, spec, tenants, read, ev.origin, &rep)
 }
 
@@ -304,6 +325,9 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 	}
 	if spec.Faults.Point == lab.FaultFailover {
 		return r.fireFailover(ctx, spec, targets, reqs, rep, ev)
+	}
+	if spec.Faults.Point == lab.FaultPGFailover {
+		return r.firePGFailover(ctx, spec, run, reqs, rep, ev)
 	}
 	// Phase one: the first attempt alone (carrying the fault, if any). Its
 	// failure is the point, so it is sent once.
@@ -502,10 +526,14 @@ func (r *Runner) keyState(ctx context.Context, target string, spec Spec) (string
 type keyTally []lab.KeyTally
 
 func (r *Runner) tally(ctx context.Context, spec Spec, tenants []string) (keyTally, error) {
+	books, err := r.books(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
 	out := make(keyTally, len(tenants))
 	for i, t := range tenants {
 		err := reread(ctx, func() (err error) {
-			out[i], err = r.Books.KeyCharges(ctx, t, spec.Store, spec.Key)
+			out[i], err = books.KeyCharges(ctx, t, spec.Store, spec.Key)
 			return err
 		})
 		if err != nil {
@@ -521,11 +549,11 @@ const deliveryWait = time.Second
 
 // awaitDelivery reads the run's figures once its outbox events are
 // delivered, or when deliveryWait is over.
-func (r *Runner) awaitDelivery(ctx context.Context, ns lab.Namespace, run string) (lab.RunStats, error) {
+func (r *Runner) awaitDelivery(ctx context.Context, books GroundTruth, ns lab.Namespace, run string) (lab.RunStats, error) {
 	deadline := time.Now().Add(deliveryWait)
 	for {
 		var stats lab.RunStats
-		if err := reread(ctx, func() (err error) { stats, err = r.Books.RunStats(ctx, ns, run); return err }); err != nil {
+		if err := reread(ctx, func() (err error) { stats, err = books.RunStats(ctx, ns, run); return err }); err != nil {
 			return stats, err
 		}
 		if stats.Delivered+stats.Dead >= stats.OutboxEvents || time.Now().After(deadline) {
@@ -582,7 +610,7 @@ func added(before, after keyTally) (duplicates int) {
 // failure is the point of the run.
 func faultHitsFirstAttempt(spec Spec) bool {
 	switch spec.Faults.Point {
-	case lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail:
+	case lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultPGFailover:
 		return true
 	}
 	return false
@@ -590,7 +618,11 @@ func faultHitsFirstAttempt(spec Spec) bool {
 
 // conclude reads the ground truth and writes the verdict.
 func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, before keyTally, rep *Report) error {
-	stats, err := r.awaitDelivery(ctx, spec.Namespace, rep.RunID)
+	books, err := r.books(ctx, spec)
+	if err != nil {
+		return err
+	}
+	stats, err := r.awaitDelivery(ctx, books, spec.Namespace, rep.RunID)
 	if err != nil {
 		return fmt.Errorf("error reading run stats: %w", err)
 	}
@@ -611,16 +643,16 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 	rep.ProviderCaptures, rep.ProviderCaptureCalls = got.CapturesApplied, got.CaptureRequests
 	rep.ProviderReceipts, rep.ChargesCapturedTwice = got.Receipts, got.ChargesCapturedTwice
 	rep.SideEffectsEmitted = stats.OutboxEvents + got.DirectCaptures
-	if err := r.reconcile(ctx, spec.Namespace, rep); err != nil {
+	if err := r.reconcile(ctx, books, spec.Namespace, rep); err != nil {
 		return err
 	}
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
-	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
+	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
 		return fmt.Errorf("error reading the balance: %w", err)
 	}
 	rep.AccountBalanceCents = rep.BalanceCents
 	var ob lab.OutboxStats
-	if err := reread(ctx, func() (err error) { ob, err = r.Books.OutboxStats(ctx, spec.Namespace); return err }); err != nil {
+	if err := reread(ctx, func() (err error) { ob, err = books.OutboxStats(ctx, spec.Namespace); return err }); err != nil {
 		return fmt.Errorf("error reading the outbox: %w", err)
 	}
 	rep.OutboxPending, rep.OutboxDelivered = ob.Pending, ob.Delivered
@@ -802,12 +834,12 @@ const maxLedgerRows = 64
 const runLimit = 1000
 
 // reconcile compares the run's charges with the provider's captures.
-func (r *Runner) reconcile(ctx context.Context, ns lab.Namespace, rep *Report) error {
+func (r *Runner) reconcile(ctx context.Context, books GroundTruth, ns lab.Namespace, rep *Report) error {
 	var (
 		payments []lab.Payment
 		captures []provider.Capture
 	)
-	err := reread(ctx, func() (err error) { payments, err = r.Books.Payments(ctx, ns, rep.RunID, runLimit); return err })
+	err := reread(ctx, func() (err error) { payments, err = books.Payments(ctx, ns, rep.RunID, runLimit); return err })
 	if err != nil {
 		return fmt.Errorf("error reading the run's charges: %w", err)
 	}

@@ -100,6 +100,20 @@ type Config struct {
 	// Failover steps the lab's Redis pair ("hold", then "promote") for a
 	// stepped run's failover move; nil without a pair.
 	Failover Failover
+	// PGFailover is the lab's PostgreSQL pair, where pg_failover runs
+	// charge; nil without one.
+	PGFailover PGFailover
+}
+
+// PGFailover is the lab's PostgreSQL primary and standby as the charge
+// path and a reset reach it.
+type PGFailover interface {
+	// Store is the named store opened on the pair, which starts on first use.
+	Store(ctx context.Context, name lab.StoreName) (lab.Store, error)
+	// Reset deletes a namespace's rows on the pair ("" every namespace's).
+	Reset(ctx context.Context, ns lab.Namespace) error
+	// Unavailable says why pg_failover cannot run here ("" when it can).
+	Unavailable() string
 }
 
 // Failover moves the lab's Redis pair through a failover for a namespace.
@@ -148,6 +162,36 @@ func (s *Service) Store(name lab.StoreName) (lab.Store, error) {
 		return nil, fmt.Errorf("%w: store %q is not available: %s", lab.ErrStoreUnavailable, name, how)
 	}
 	return st, nil
+}
+
+// pgPairUnavailable says why store's PostgreSQL failover cannot run here,
+// and whether it applies to the design at all.
+func (s *Service) pgPairUnavailable(store lab.StoreName) (string, bool) {
+	switch v, _ := s.cfg.Variants.Get(store); {
+	case !v.RequiresKey:
+		return fmt.Sprintf("`%s` keeps no keys, so the PostgreSQL failover rows do not apply to it", store), false
+	case !slices.Contains(v.Needs, variant.NeedPostgres):
+		return fmt.Sprintf("`%s` keeps its keys outside PostgreSQL, so the PostgreSQL failover rows do not apply to it", store), false
+	}
+	if s.cfg.PGFailover == nil {
+		return "this lab has no PostgreSQL pair", true
+	}
+	if how := s.cfg.PGFailover.Unavailable(); how != "" {
+		return how, true
+	}
+	return "", true
+}
+
+// PairStore is the named store on the lab's PostgreSQL pair, where the
+// attempts of a pg_failover run charge.
+func (s *Service) PairStore(ctx context.Context, name lab.StoreName) (lab.Store, error) {
+	if s.cfg.PGFailover == nil {
+		return nil, fmt.Errorf("%w: this lab has no PostgreSQL pair", lab.ErrStoreUnavailable)
+	}
+	if how := s.cfg.PGFailover.Unavailable(); how != "" {
+		return nil, fmt.Errorf("%w: %s", lab.ErrStoreUnavailable, how)
+	}
+	return s.cfg.PGFailover.Store(ctx, name)
 }
 
 // Run fires one lab run on n replicas and keeps it in the history.
@@ -243,8 +287,9 @@ func (s *Service) Matrix(ctx context.Context, id tenants.Identity, progress func
 			}
 			return cmp.Or(s.cfg.Unavailable[store], "not available on this server")
 		},
-		PairUnavailable: s.cfg.Replicas.PairUnavailable(),
-		Targets:         s.cfg.Replicas.Targets, Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token,
+		PairUnavailable:   s.cfg.Replicas.PairUnavailable(),
+		PGPairUnavailable: s.pgPairUnavailable,
+		Targets:           s.cfg.Replicas.Targets, Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token,
 		OtherTenant: second.Tenant, Other: second.Token, Account: DefaultAccount, Amount: DefaultAmount,
 		Progress: func(done, total int, c experiment.Case, cell experiment.Cell) {
 			if cell.Run != nil {
@@ -364,6 +409,11 @@ func (s *Service) Reset(ctx context.Context, ns lab.Namespace, credentials strin
 	}
 	if err := s.cfg.Books.Reset(ctx, ns); err != nil {
 		return fmt.Errorf("error resetting the books: %w", err)
+	}
+	if s.cfg.PGFailover != nil {
+		if err := s.cfg.PGFailover.Reset(ctx, ns); err != nil {
+			return fmt.Errorf("error resetting the PostgreSQL pair: %w", err)
+		}
 	}
 	if err := s.cfg.Provider.Reset(ctx, string(ns)); err != nil {
 		return fmt.Errorf("error resetting the provider's records: %w", err)

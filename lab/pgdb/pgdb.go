@@ -57,6 +57,9 @@ type PoolConfig struct {
 	// acknowledged again and deduplicated downstream — never for the
 	// ledger, a key or a payment state.
 	AsyncCommit bool
+	// BeforeConnect, when set, may change where each new connection goes
+	// (a pair's current primary, after a failover).
+	BeforeConnect func(context.Context, *pgx.ConnConfig) error
 }
 
 // Open connects a pool whose search_path is the lab's schema, and applies
@@ -80,6 +83,7 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 	if cfg.AsyncCommit {
 		pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
+	pc.BeforeConnect = cfg.BeforeConnect
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("error creating pool: %w", err)

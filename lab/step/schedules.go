@@ -90,7 +90,7 @@ func Schedules() []Schedule {
 			// (blocked), and replays once attempt 1 completes.
 			Steps: moves(1, 1, 2, 2, 1, 1),
 			Shows: "the same moves while the claim lives: attempt 2 waits on it and replays attempt 1's answer"},
-		{Name: "redis-failover-loses-the-claim", Case: "failover", Store: "redis", Replicas: 1, Attempts: 2, Charges: 2, Faults: "failover",
+		{Name: "redis-failover-loses-the-claim", Case: "redis_failover", Store: "redis", Replicas: 1, Attempts: 2, Charges: 2, Faults: "failover",
 			// replication is held from the start; 1,1: attempt 1 claims on
 			// the primary alone; failover: the replica, which never saw the
 			// claim, is promoted; 2,2: attempt 2 claims the same key there;

@@ -63,6 +63,16 @@ func (m Mechanism) Expected(f lab.Faults) lab.Verdict {
 	return m.Usual
 }
 
+// ReplicationDecides is the usual verdict of a design whose keys are in
+// PostgreSQL when PostgreSQL fails over: it holds only if the standby had
+// every commit before it was acknowledged.
+func ReplicationDecides(f lab.Faults) lab.Verdict {
+	if f.Replication == lab.ReplicationSync {
+		return lab.Holds
+	}
+	return lab.Breaks
+}
+
 // CrashEffect is what a crash of the process leaves of a design's keys: the
 // one fact about a crash that the conformance suite's model of the design
 // cannot read from its verdicts.

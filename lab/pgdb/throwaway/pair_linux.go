@@ -77,14 +77,18 @@ func (p *Pair) attachStandby(ctx context.Context) error {
 		return err
 	}
 	p.standby = s
-	names := ""
-	if p.mode == Sync {
-		names = `"` + standbyName + `"`
-	}
-	if err := p.primary.setConf(ctx, "synchronous_standby_names", names); err != nil {
+	if err := p.primary.setConf(ctx, "synchronous_standby_names", p.syncNames()); err != nil {
 		return err
 	}
 	return p.waitStreaming(ctx)
+}
+
+// syncNames is the primary's synchronous_standby_names in the pair's mode.
+func (p *Pair) syncNames() string {
+	if p.mode == Sync {
+		return `"` + standbyName + `"`
+	}
+	return ""
 }
 
 // setConf sets a server setting on c and reloads it (ALTER SYSTEM takes
@@ -139,7 +143,39 @@ func (p *Pair) Promote(ctx context.Context) error {
 	}
 	p.old, p.primary, p.standby = p.primary, p.standby, nil
 	p.primary.logger.Info("promoted the PostgreSQL standby", "primary", p.primary.port, "old", p.old.port)
-	return nil
+	// Alone now: a synchronous standby named in a setting it copied would
+	// make its every commit wait for a standby that is not there yet.
+	return p.primary.setConf(ctx, "synchronous_standby_names", "")
+}
+
+// Replication is how the pair replicates now.
+func (p *Pair) Replication() Replication { return p.mode }
+
+// SetReplication switches the pair to mode (the primary's
+// synchronous_standby_names) and waits until its standby streams that way.
+func (p *Pair) SetReplication(ctx context.Context, mode Replication) error {
+	if mode != Async && mode != Sync {
+		return fmt.Errorf("replication %q: want %s or %s", mode, Async, Sync)
+	}
+	if mode == p.mode {
+		return nil
+	}
+	if p.standby == nil {
+		return errors.New("no standby to replicate to: promoted, not rebuilt")
+	}
+	p.mode = mode
+	if err := p.primary.setConf(ctx, "synchronous_standby_names", p.syncNames()); err != nil {
+		return err
+	}
+	return p.waitStreaming(ctx)
+}
+
+// AwaitCommitWaiting waits until a session of the primary is committing
+// and waits for its synchronous standby (wait event SyncRep): its commit
+// is on the primary's disk, not yet acknowledged.
+func (p *Pair) AwaitCommitWaiting(ctx context.Context) error {
+	return p.primary.await(ctx, "a commit waiting for the synchronous standby",
+		`SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')`)
 }
 
 // Rebuild discards the old primary and makes a fresh standby of the new

@@ -322,6 +322,9 @@ func (c *Cluster) urlFor(db string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", superuser, c.port, db)
 }
 
+// Port is the loopback port the server listens on.
+func (c *Cluster) Port() int { return c.port }
+
 // PID is the postmaster's process id, as recorded in postmaster.pid.
 func (c *Cluster) PID() int {
 	return c.pid
