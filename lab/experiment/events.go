@@ -86,7 +86,8 @@ func (e *events) fromPhases(results []Result, life lifetime, spec Spec) {
 				}
 				e.list = append(e.list, Event{Name: EventTTLEnd, AtMS: end, Attempt: res.Attempt, Detail: detail})
 			}
-			if t.Status == 0 && res.Attempt == 1 && faultHitsFirstAttempt(spec) && spec.Faults.Point != lab.FaultOutboxFail {
+			// No crash in a failover: its first client hung up on a commit that waited.
+			if t.Status == 0 && res.Attempt == 1 && faultHitsFirstAttempt(spec) && spec.Faults.Point != lab.FaultOutboxFail && spec.Faults.Point != lab.FaultPGFailover {
 				e.list = append(e.list, Event{Name: EventCrash, AtMS: t.StartMS + t.LatencyMS, Attempt: res.Attempt,
 					Detail: fmt.Sprintf("the server died (%s): the connection closed without a response", spec.Faults.Point)})
 			}

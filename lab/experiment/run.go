@@ -798,7 +798,11 @@ func note(rep *Report) string {
 		parts = append(parts, fmt.Sprintf("%d stale write(s) refused by the ledger's fence", rep.FencedWrites))
 	}
 	if rep.CapturesWithoutCharge > 0 {
-		parts = append(parts, fmt.Sprintf("%d capture(s) at the provider for a charge the ledger rolled back", rep.CapturesWithoutCharge))
+		lost := "the ledger rolled back"
+		if rep.Failover != nil {
+			lost = "the failover lost"
+		}
+		parts = append(parts, fmt.Sprintf("%d capture(s) at the provider for a charge %s", rep.CapturesWithoutCharge, lost))
 	}
 	if rep.KeyAfterFault != "" {
 		parts = append(parts, "key after the fault: "+rep.KeyAfterFault)

@@ -1,0 +1,71 @@
+package web_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/variants"
+)
+
+// TestPageDrawsAPostgreSQLFailover: the page's link fires a PostgreSQL
+// failover and draws it: asynchronous, the first attempt's charge on the
+// old primary marked lost, the ledger holding only the surviving charge;
+// synchronous, the first attempt without an answer and nothing lost.
+func TestPageDrawsAPostgreSQLFailover(t *testing.T) {
+	cfg := app.DefaultConfig()
+	cfg.Variants = variants.Builtin()
+	cfg.Addr, cfg.EmbedPostgres, cfg.RedisPair = "127.0.0.1:0", false, false
+	cfg.DatabaseURL, cfg.PGSchema = labtest.Postgres(t)
+	a := labtest.Start(t, cfg)
+	ctx, problems := browser(t)
+	type drawn struct {
+		Lost       string   `json:"lost"`
+		LostLane   bool     `json:"lostLane"`
+		Text       string   `json:"text"`
+		Ledger     string   `json:"ledger"`
+		LostItems  []string `json:"lostItems"`
+		LedgerRows []string `json:"ledgerRows"`
+	}
+	for mode, want := range map[string]struct {
+		lost     string
+		lostLane bool
+		says     string
+	}{
+		"async": {"1", true, "the promoted standby never received"},
+		"sync":  {"0", false, "waited for the standby and never answered"},
+	} {
+		step, cancel := context.WithTimeout(ctx, 60*time.Second)
+		if err := chromedp.Do(step, chromedp.Navigate(a.URL()+"/?store=postgres&compare=&fault=pg_failover&replication="+mode+"&fire=1")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .failover")`)); err != nil {
+			t.Fatalf("%s: no failover drawn: %v", mode, err)
+		}
+		cancel()
+		d, err := chromedp.Run(ctx, chromedp.Evaluate[drawn](`(() => { const f = document.querySelector("#result .failover");
+			return { lost: f.dataset.lost, lostLane: !!document.querySelector('#result .lane[data-attempt="1"] rect.try.lost'), text: f.textContent,
+				ledger: document.querySelector("#result .ledger").dataset.charges,
+				lostItems: [...f.querySelectorAll("li.lost")].map(li => li.dataset.charge),
+				ledgerRows: [...document.querySelectorAll("#result table.rows td:first-child")].map(td => td.textContent) } })()`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Lost != want.lost || d.LostLane != want.lostLane || !strings.Contains(d.Text, want.says) || d.Ledger != "1" || len(d.LostItems) != 1 || len(d.LedgerRows) != 1 {
+			t.Errorf("%s: drawn %+v, want %s lost and acknowledged, the lost lane %v, saying %q, one ledger row", mode, d, want.lost, want.lostLane, want.says)
+		}
+		// The lost charge is no row of the run's ledger.
+		if len(d.LostItems) == 1 && len(d.LedgerRows) == 1 && strings.HasPrefix(d.LostItems[0], strings.TrimSuffix(d.LedgerRows[0], "…")) {
+			t.Errorf("%s: the lost charge %s is listed as a ledger row of the run", mode, d.LostItems[0])
+		}
+		shots(ctx, t, "pg-failover-"+mode)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page reported problems: %v", p)
+	}
+}
