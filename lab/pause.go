@@ -114,7 +114,10 @@ const (
 	EventLease    TimeEvent = "lease"    // the claim's lease ends (lease)
 	EventWindow   TimeEvent = "window"   // the retention window passes: the key is forgotten
 	EventFailover TimeEvent = "failover" // Redis fails over: the replica, which never saw the claim, is promoted
-	EventWait     TimeEvent = "wait"     // the lab's bounded waits end: an in-flight wait, a lock timeout
+	// EventPGFailover: PostgreSQL fails over: the standby, which received
+	// nothing since the run began, is promoted and the old primary fenced.
+	EventPGFailover TimeEvent = "pg_failover"
+	EventWait       TimeEvent = "wait" // the lab's bounded waits end: an in-flight wait, a lock timeout
 )
 
 // TimeEvents lists the time-driven moves with what each one means.
@@ -124,6 +127,7 @@ func TimeEvents() []TimeEventSpec {
 		{EventLease, "the claim's lease ends (a paused worker renews nothing)"},
 		{EventWindow, "the retention window passes: the key is forgotten"},
 		{EventFailover, "Redis fails over before the claim replicated (needs fault=failover)"},
+		{EventPGFailover, "PostgreSQL fails over before the commit replicated (needs fault=pg_failover)"},
 		{EventWait, "the lab's bounded waits end: a blocked twin gives up (409)"},
 	}
 }

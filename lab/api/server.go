@@ -261,7 +261,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 		{get, "/operations/:key", []string{"store"}, s.operation},
 		{post, "/lab/failover", []string{"step"}, s.failover},
 		{get, "/lab/step", nil, s.listSchedules},
-		{post, "/lab/step", []string{"schedule", "play", "store", "attempts", "replicas", "fault", "ttl_ms", "window_ms"}, s.startStep},
+		{post, "/lab/step", []string{"schedule", "play", "store", "attempts", "replicas", "fault", "ttl_ms", "window_ms", "replication"}, s.startStep},
 		{get, "/lab/step/:id", nil, s.stepRun},
 		{post, "/lab/step/:id/advance", []string{"attempt", "event", "schedule", "seed"}, s.advanceStep},
 		{post, "/lab/step/:id/abort", nil, s.abortStep},

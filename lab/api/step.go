@@ -63,7 +63,7 @@ func (s *Server) listSchedules(c echo.Context) error {
 		Points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge,
 			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead},
 		Events: lab.TimeEvents(),
-		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultFailover},
+		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultFailover, lab.FaultPGFailover},
 		Note: "POST /lab/step?schedule=<name> plays one (play=none opens it to advance by hand); " +
 			"POST /lab/step?store=&attempts=&replicas= starts a run to advance with attempt=, event=, schedule=1,2,ttl or seed=",
 	})
@@ -84,7 +84,7 @@ func (s *Server) startStep(c echo.Context) error {
 		return err
 	}
 	if req.Schedule != "" {
-		for _, p := range []string{"store", "attempts", "replicas", "fault", "ttl_ms", "window_ms"} {
+		for _, p := range []string{"store", "attempts", "replicas", "fault", "ttl_ms", "window_ms", "replication"} {
 			if _, present, _ := q.Lookup(p); present {
 				return lab.Invalid(p, "comes with the named schedule: give schedule alone (and play)")
 			}
@@ -204,6 +204,9 @@ func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
 	}
 	_, ttlGiven, _ := q.Lookup("ttl_ms")
 	_, windowGiven, _ := q.Lookup("window_ms")
+	if _, present, _ := q.Lookup("replication"); present && fault != string(lab.FaultPGFailover) {
+		return f, lab.Invalid("replication", "belongs to fault pg_failover")
+	}
 	if fault == "none" && !ttlGiven && !windowGiven {
 		return f, nil
 	}
@@ -214,6 +217,14 @@ func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
 		if f.Point, err = lab.ParseFaultPoint("fault", fault); err != nil {
 			return f, err
 		}
+	}
+	if f.Point == lab.FaultPGFailover {
+		modes := lab.FaultChoices(lab.FaultPGFailover, "replication")
+		mode, err := q.Choice("replication", modes[0], modes...)
+		if err != nil {
+			return f, err
+		}
+		f.Replication = lab.Replication(mode) // every attempt charges on the pair
 	}
 	if ttlGiven {
 		ttl, err := q.Int("ttl_ms", 0, 1, 600_000)
@@ -259,7 +270,7 @@ func (s *Server) findStep(c echo.Context) (caller, *step.Run, error) {
 // answerStep answers where run stands, with the books' charges for its key.
 func (s *Server) answerStep(c echo.Context, status int, tenant string, run *step.Run, moveErr error) error {
 	v := run.View()
-	tally, err := s.deps.Books.KeyCharges(c.Request().Context(), tenant, v.Store, v.Key)
+	tally, err := s.deps.Service.StepCharges(c.Request().Context(), tenant, v)
 	if err != nil {
 		return fmt.Errorf("%w: error reading the key's charges: %w", lab.ErrStoreUnavailable, err)
 	}

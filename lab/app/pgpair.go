@@ -215,6 +215,79 @@ func (f *pgFailover) Promote(ctx context.Context, ns lab.Namespace, awaitCommit 
 	return nil
 }
 
+// Fence ends every session on ns's old primary, as a cluster manager
+// fencing it would: a commit still waiting there for the standby fails
+// instead of ever being acknowledged.
+func (f *pgFailover) Fence(ctx context.Context, ns lab.Namespace) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.holder != ns || !f.moved {
+		return lab.ErrFailoverUnderWay
+	}
+	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: f.pair.Old().URL(), Schema: pgdb.DefaultSchema, Size: 1, AppName: f.appName + "-fence"})
+	if err != nil {
+		return fmt.Errorf("error reaching the old primary: %w", err)
+	}
+	defer pool.Close()
+	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`)
+	return err
+}
+
+// Inspect reads store's row for sc on each server of the pair (the
+// primary, and the standby or, once promoted, the old primary) with the
+// WAL each has written or replayed: what a failover now would keep.
+func (f *pgFailover) Inspect(ctx context.Context, name lab.StoreName, sc lab.Scope) []lab.KeyInspection {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []lab.KeyInspection
+	if f.pair == nil {
+		return out
+	}
+	for _, srv := range []struct {
+		role string
+		c    *throwaway.Cluster
+	}{{"primary", f.pair.Primary()}, {"standby", f.pair.Standby()}, {"old primary", f.pair.Old()}} {
+		if srv.c != nil {
+			out = append(out, f.inspectOn(ctx, srv.role, srv.c, name, sc))
+		}
+	}
+	return out
+}
+
+// inspectOn opens store name on server c alone and inspects sc there.
+func (f *pgFailover) inspectOn(ctx context.Context, role string, c *throwaway.Cluster, name lab.StoreName, sc lab.Scope) lab.KeyInspection {
+	where := fmt.Sprintf("%s (port %d)", role, c.Port())
+	in := lab.KeyInspection{Where: where, State: "unknown", Facts: []string{}}
+	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: c.URL(), Schema: pgdb.DefaultSchema, Size: 2, AppName: f.appName + "-inspect"})
+	if err != nil {
+		in.Facts = append(in.Facts, err.Error())
+		return in
+	}
+	defer pool.Close()
+	var wal string
+	if err := pool.QueryRow(ctx, `SELECT CASE WHEN pg_is_in_recovery()
+		THEN 'replayed up to ' || coalesce(pg_last_wal_replay_lsn()::text, 'nothing') || ', received up to ' || coalesce(pg_last_wal_receive_lsn()::text, 'nothing')
+		ELSE 'written up to ' || pg_current_wal_lsn()::text END`).Scan(&wal); err != nil {
+		wal = err.Error()
+	}
+	for _, v := range f.variants {
+		if v.Name != name {
+			continue
+		}
+		deps := f.deps
+		deps.Postgres, deps.Ledger, deps.RedisPair = pgdb.NewPool(pool), pgdb.NewBooks(pool, f.clock), nil
+		st, err := v.Open(ctx, deps)
+		if ki, ok := st.(lab.KeyInspector); ok && err == nil {
+			if in, err = ki.Inspect(ctx, sc); err != nil {
+				in.Facts = append(in.Facts, err.Error())
+			}
+			in.Where, in.Shared = where+": "+in.Where, false
+		}
+	}
+	in.Facts = append(in.Facts, "WAL "+wal)
+	return in
+}
+
 // promote promotes the standby and sends new connections to it.
 func (f *pgFailover) promote(ctx context.Context) error {
 	if err := f.pair.Promote(ctx); err != nil {

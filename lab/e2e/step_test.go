@@ -19,7 +19,8 @@ import (
 type stepReply struct {
 	step.View
 	Ledger struct {
-		Charges int `json:"charges"`
+		Charges   int      `json:"charges"`
+		ChargeIDs []string `json:"charge_ids"`
 	} `json:"ledger"`
 	Error string `json:"error"`
 }
@@ -33,7 +34,11 @@ func TestStepSchedulesRepeat(t *testing.T) {
 		t.Run(sched.Name, func(t *testing.T) {
 			t.Parallel()
 			cfg := storeConfig(t, sched.Store)
-			cfg.RedisPair = strings.Contains(sched.Faults, "failover") // two redis-server processes
+			faults, err := lab.ParseFaults(sched.Faults)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg.RedisPair = faults.Point == lab.FaultFailover // two redis-server processes
 			a := labtest.Start(t, cfg)
 			for i := range 20 {
 				r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule="+sched.Name, nil, "")
@@ -43,6 +48,19 @@ func TestStepSchedulesRepeat(t *testing.T) {
 				run := labtest.Decode[stepReply](t, r)
 				if !run.Over || run.Error != "" {
 					t.Fatalf("play %d did not end: %s", i+1, r.Body)
+				}
+				if faults.Replication != "" { // charged on the PostgreSQL pair, never on the lab's database
+					lost := 0
+					for _, at := range run.Attempts {
+						if at.Answer != nil && at.Answer.ChargeID != "" && !slices.Contains(run.Ledger.ChargeIDs, at.Answer.ChargeID) {
+							lost++
+						}
+					}
+					if got := keyCharges(t, a, "acme", run.Store, run.Key); got != 0 || run.Ledger.Charges != sched.Charges || lost != sched.Lost {
+						t.Fatalf("play %d: the pair's books hold %d charges for %s and %d answered are lost (the lab's own %d), want %d and %d: %s",
+							i+1, run.Ledger.Charges, run.Key, lost, got, sched.Charges, sched.Lost, r.Body)
+					}
+					continue
 				}
 				if got := keyCharges(t, a, "acme", run.Store, run.Key); got != sched.Charges || run.Ledger.Charges != got {
 					t.Fatalf("play %d: the books hold %d charges for %s (answer says %d), want %d: %s",

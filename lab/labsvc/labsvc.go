@@ -106,8 +106,13 @@ type Config struct {
 }
 
 // PGFailover is the lab's PostgreSQL primary and standby as the charge
-// path and a reset reach it.
+// path, a reset and a stepped run reach it.
 type PGFailover interface {
+	experiment.PGFailover
+	// Fence ends every session on ns's old primary, once promoted.
+	Fence(ctx context.Context, ns lab.Namespace) error
+	// Inspect reads store's row for sc on each server of the pair.
+	Inspect(ctx context.Context, store lab.StoreName, sc lab.Scope) []lab.KeyInspection
 	// Store is the named store opened on the pair, which starts on first use.
 	Store(ctx context.Context, name lab.StoreName) (lab.Store, error)
 	// Reset deletes a namespace's rows on the pair ("" every namespace's).

@@ -16,6 +16,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/lab/tenants"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
 
 // ErrSteppingOff says this server steps no runs.
@@ -83,6 +84,14 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 		}
 		req.Faults.OnPair = true // every attempt claims on the pair
 	}
+	if req.Faults.Point == lab.FaultPGFailover {
+		if v, _ := s.cfg.Variants.Get(req.Store); !slices.Contains(v.Needs, variant.NeedPostgres) {
+			return nil, lab.Invalid("fault", "pg_failover is a move of a stepped run on a store whose keys are in PostgreSQL (postgres, lease, redis+postgres; got %s)", req.Store)
+		}
+		if s.cfg.PGFailover == nil || s.cfg.PGFailover.Unavailable() != "" {
+			return nil, fmt.Errorf("%w: the pg_failover move needs the lab's PostgreSQL pair", lab.ErrStoreUnavailable)
+		}
+	}
 	targets, err := s.cfg.Replicas.Targets(ctx, req.Replicas)
 	if err != nil {
 		return nil, err
@@ -98,10 +107,8 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 		spec.Replicas = append(spec.Replicas, targets[n%len(targets)])
 	}
 	st := &stepped{s: s, id: id, req: req}
-	if req.Faults.Point == lab.FaultFailover {
-		if err := st.holdReplication(ctx); err != nil {
-			return nil, err
-		}
+	if err := st.holdReplication(ctx); err != nil {
+		return nil, err
 	}
 	run, err := s.cfg.Steps.Start(spec, step.Hooks{Send: st.send, Happen: st.happen, Inspect: st.inspect, Over: st.over})
 	if err != nil {
@@ -118,13 +125,17 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 }
 
 // StepMoves are the time-driven moves each available design has: its
-// own, and the end of the lab's bounded waits, which every design has.
+// own, the end of the lab's bounded waits, which every design has, and a
+// PostgreSQL failover for those whose keys are in PostgreSQL.
 func (s *Service) StepMoves() map[lab.StoreName][]lab.TimeEvent {
 	out := map[lab.StoreName][]lab.TimeEvent{}
 	for name, st := range s.cfg.Stores {
 		moves := []lab.TimeEvent{lab.EventWait}
 		if tm, ok := st.(lab.TimeMover); ok {
 			moves = tm.TimeMoves()
+		}
+		if v, _ := s.cfg.Variants.Get(name); slices.Contains(v.Needs, variant.NeedPostgres) && s.cfg.PGFailover != nil {
+			moves = append(slices.Clone(moves), lab.EventPGFailover) // its keys are where PostgreSQL fails over
 		}
 		out[name] = moves
 	}
@@ -154,13 +165,32 @@ type stepped struct {
 	req StepRequest
 	run *step.Run // set once started, before any move
 
-	mu   sync.Mutex
-	held bool // the Redis pair's replication is held for this run's failover move
+	mu       sync.Mutex
+	held     bool // the Redis pair's replication is held for this run's failover move
+	pgHeld   bool // the PostgreSQL pair's standby is held for this run's pg_failover move
+	promoted bool // and the move was made
 }
 
-// holdReplication holds the Redis pair's replication back for a failover
-// run: from now on only the primary acknowledges the attempts' claims.
+// onPG reports a stepped run whose attempts charge on the PostgreSQL pair.
+func (st *stepped) onPG() bool { return st.req.Faults.Replication != "" }
+
+// holdReplication holds the pair of a failover run back: from now on
+// only the primary acknowledges the attempts' claims (Redis) or commits
+// (PostgreSQL).
 func (st *stepped) holdReplication(ctx context.Context) error {
+	switch st.req.Faults.Point {
+	case lab.FaultPGFailover:
+		if err := st.s.cfg.PGFailover.Hold(ctx, st.id.Namespace, st.req.Faults.Replication); err != nil {
+			return err
+		}
+		st.mu.Lock()
+		st.pgHeld = true
+		st.mu.Unlock()
+		return nil
+	case lab.FaultFailover:
+	default:
+		return nil
+	}
 	if st.s.cfg.Failover == nil {
 		return fmt.Errorf("%w: the failover move needs the lab's Redis pair (-redis-pair)", lab.ErrStoreUnavailable)
 	}
@@ -174,7 +204,16 @@ func (st *stepped) holdReplication(ctx context.Context) error {
 }
 
 // promote ends the run's hold, if it holds one: the replica is promoted.
+// A PostgreSQL pair is settled: promoted if it was not, then rebuilt.
 func (st *stepped) promote(ctx context.Context) error {
+	st.mu.Lock()
+	pgHeld := st.pgHeld
+	st.pgHeld = false
+	st.mu.Unlock()
+	if pgHeld {
+		_, err := st.s.cfg.PGFailover.Settle(context.WithoutCancel(ctx), st.id.Namespace, st.run.ID())
+		return err
+	}
 	st.mu.Lock()
 	held := st.held
 	st.held = false
@@ -204,7 +243,11 @@ func (st *stepped) targets() []string {
 
 // stores are the run's store on each distinct replica it reaches, named
 // for a reader ("replica 2" when there are several).
-func (st *stepped) stores() ([]lab.Store, []string, error) {
+func (st *stepped) stores(ctx context.Context) ([]lab.Store, []string, error) {
+	if st.onPG() {
+		store, err := st.s.PairStore(ctx, st.req.Store)
+		return []lab.Store{store}, []string{""}, err
+	}
 	ts := st.targets()
 	var stores []lab.Store
 	var names []string
@@ -232,6 +275,9 @@ func (st *stepped) stores() ([]lab.Store, []string, error) {
 // "wait" has already ended the waits held in the attempts' requests; a
 // store with waits of its own (a lock wait) ends them too.
 func (st *stepped) happen(ctx context.Context, e lab.TimeEvent) (string, error) {
+	if e == lab.EventPGFailover {
+		return st.failPGOver(ctx)
+	}
 	if e == lab.EventFailover {
 		st.mu.Lock()
 		held := st.held
@@ -244,7 +290,7 @@ func (st *stepped) happen(ctx context.Context, e lab.TimeEvent) (string, error) 
 		}
 		return "Redis failed over: the replica, which never saw the writes held back, is the primary now", nil
 	}
-	stores, names, err := st.stores()
+	stores, names, err := st.stores(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -272,9 +318,32 @@ func (st *stepped) happen(ctx context.Context, e lab.TimeEvent) (string, error) 
 	return what, nil
 }
 
+// failPGOver is the pg_failover move: the standby, which received nothing
+// since the run began, is promoted, and the old primary fenced.
+func (st *stepped) failPGOver(ctx context.Context) (string, error) {
+	st.mu.Lock()
+	ok := st.pgHeld && !st.promoted
+	st.promoted = true
+	st.mu.Unlock()
+	if !ok {
+		return "", lab.Invalid("event", "pg_failover needs a stepped run started with fault=pg_failover (and fails over once)")
+	}
+	ns := st.id.Namespace
+	if err := st.s.cfg.PGFailover.Promote(context.WithoutCancel(ctx), ns, false); err != nil {
+		return "", err
+	}
+	if err := st.s.cfg.PGFailover.Fence(context.WithoutCancel(ctx), ns); err != nil {
+		return "", err
+	}
+	return "PostgreSQL failed over: the standby, which received nothing since the run began, is the primary now; the old primary's sessions were ended", nil
+}
+
 // inspect reads what each replica's store holds for the run's key.
 func (st *stepped) inspect(ctx context.Context) []lab.KeyInspection {
-	stores, names, err := st.stores()
+	if st.onPG() {
+		return st.s.cfg.PGFailover.Inspect(ctx, st.req.Store, st.scope())
+	}
+	stores, names, err := st.stores(ctx)
 	if err != nil {
 		return []lab.KeyInspection{{Where: string(st.req.Store), State: "unknown", Facts: []string{err.Error()}}}
 	}
@@ -357,6 +426,18 @@ func (st *stepped) send(ctx context.Context, n int, key, header string) step.Ans
 		}
 	}
 	return ans
+}
+
+// StepCharges reads the charges of a stepped run's key where its attempts
+// charged: the lab's books, or, on a pg_failover run, the PostgreSQL pair's.
+func (s *Service) StepCharges(ctx context.Context, tenant string, v step.View) (lab.KeyTally, error) {
+	books := s.cfg.Runner.Books
+	if f, err := lab.ParseFaults(v.Faults); err == nil && f.Replication != "" && s.cfg.PGFailover != nil {
+		if books, err = s.cfg.PGFailover.Books(ctx); err != nil {
+			return lab.KeyTally{}, err
+		}
+	}
+	return books.KeyCharges(ctx, tenant, v.Store, v.Key)
 }
 
 // StepGate resolves a stepped attempt's Lab-Step header for a caller of ns.

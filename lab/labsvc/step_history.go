@@ -3,6 +3,8 @@ package labsvc
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -23,7 +25,7 @@ func (st *stepped) over(ctx context.Context, v step.View) step.Verdict {
 	// ends at the pair's hold deadline.
 	_ = st.promote(ctx)
 	key := history.Key{Tenant: st.id.Tenant, Endpoint: string(v.Store), Key: v.Key}
-	tally, err := st.s.cfg.Runner.Books.KeyCharges(ctx, st.id.Tenant, v.Store, v.Key)
+	tally, err := st.s.StepCharges(ctx, st.id.Tenant, v)
 	if err != nil {
 		return step.Verdict{RunID: v.ID, Checked: string(history.Unknown),
 			CheckedWhy: fmt.Sprintf("the ledger could not be read: %v", err)}
@@ -52,6 +54,17 @@ func (st *stepped) over(ctx context.Context, v step.View) step.Verdict {
 		rep.Verdict = lab.Breaks
 	}
 	rep.Fault = st.req.Faults.Point
+	if st.onPG() { // a charge a client was told of, gone from the surviving books, is the break
+		for _, a := range v.Attempts {
+			if id := answerCharge(a.Answer); id != "" && !slices.Contains(tally.IDs, id) && !slices.Contains(rep.LostAcknowledged, id) {
+				rep.LostAcknowledged = append(rep.LostAcknowledged, id)
+			}
+		}
+		if len(rep.LostAcknowledged) > 0 {
+			rep.Verdict = lab.Breaks
+			rep.Note += "; lost in the failover, answered to a client: " + strings.Join(rep.LostAcknowledged, ", ")
+		}
+	}
 	for _, a := range v.Attempts {
 		ans := a.Answer
 		if ans == nil {
@@ -85,4 +98,12 @@ func (st *stepped) over(ctx context.Context, v step.View) step.Verdict {
 		float64(res.Took.Microseconds())/1000
 	st.s.remember(rep)
 	return step.Verdict{RunID: v.ID, Checked: string(res.Verdict), CheckedWhy: res.Why}
+}
+
+// answerCharge is the charge an answer named, "" for none.
+func answerCharge(a *step.Answer) string {
+	if a == nil {
+		return ""
+	}
+	return a.ChargeID
 }

@@ -65,6 +65,10 @@ func StartPair(ctx context.Context, logger *slog.Logger, mode Replication) (*Pai
 // Primary is the server that takes writes now.
 func (p *Pair) Primary() *Cluster { return p.primary }
 
+// Standby is the server streaming from the primary, nil once promoted and
+// until Rebuild.
+func (p *Pair) Standby() *Cluster { return p.standby }
+
 // Old is the primary the last Promote replaced, still running so that what
 // it committed can be read, until Rebuild discards it (nil otherwise).
 func (p *Pair) Old() *Cluster { return p.old }

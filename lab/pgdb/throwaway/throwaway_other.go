@@ -52,6 +52,9 @@ func StartPair(context.Context, *slog.Logger, Replication) (*Pair, error) { retu
 // Primary is nil: there is no pair.
 func (p *Pair) Primary() *Cluster { return nil }
 
+// Standby is nil: there is no pair.
+func (p *Pair) Standby() *Cluster { return nil }
+
 // Old is nil: there is no pair.
 func (p *Pair) Old() *Cluster { return nil }
 
