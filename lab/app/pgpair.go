@@ -192,10 +192,10 @@ func (f *pgFailover) Hold(ctx context.Context, ns lab.Namespace, mode lab.Replic
 }
 
 // Promote delivers what the old primary's outbox holds (its relay was
-// polling it), then promotes the standby; with awaitCommit, once a commit
-// waits for the standby (bounded: a first attempt that failed before
-// committing leaves nothing to wait for).
-func (f *pgFailover) Promote(ctx context.Context, ns lab.Namespace, awaitCommit bool) error {
+// polling it), then promotes the standby; with answered non-nil, once a
+// commit waits for the standby, or answered is closed (the first attempt
+// answered without committing: a replay, a refusal), or 10 s passed.
+func (f *pgFailover) Promote(ctx context.Context, ns lab.Namespace, answered <-chan struct{}) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.holder != ns || f.moved {
@@ -203,8 +203,15 @@ func (f *pgFailover) Promote(ctx context.Context, ns lab.Namespace, awaitCommit 
 	}
 	old := f.ready.Load().books
 	f.deliver(ctx, old)
-	if awaitCommit {
+	if answered != nil {
 		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		go func() {
+			select {
+			case <-answered:
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
 		f.waited = f.pair.AwaitCommitWaiting(wctx) == nil
 		cancel()
 	}

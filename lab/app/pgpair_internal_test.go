@@ -39,10 +39,10 @@ func TestPGFailoverEndsAHoldNobodySettled(t *testing.T) {
 	if err := f.Hold(ctx, "b", lab.ReplicationSync); err != nil {
 		t.Fatalf("b's hold after a's turn: %v", err)
 	}
-	if err := f.Promote(ctx, "a", false); !errors.Is(err, lab.ErrFailoverUnderWay) {
+	if err := f.Promote(ctx, "a", nil); !errors.Is(err, lab.ErrFailoverUnderWay) {
 		t.Fatalf("a's late promote: %v, want the failover under way", err)
 	}
-	if err := f.Promote(ctx, "b", false); err != nil {
+	if err := f.Promote(ctx, "b", nil); err != nil {
 		t.Fatal(err)
 	}
 	if ev, err := f.Settle(ctx, "b", "run-b"); err != nil || ev.Replication != lab.ReplicationSync {

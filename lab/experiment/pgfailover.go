@@ -22,9 +22,10 @@ type PGFailover interface {
 	// primary commits next is on the primary alone. Another namespace's
 	// failover under way is lab.ErrFailoverUnderWay.
 	Hold(ctx context.Context, ns lab.Namespace, mode lab.Replication) error
-	// Promote makes the standby the primary (once a commit waits for it,
-	// when awaitCommit), after the old primary's relay delivered what it had.
-	Promote(ctx context.Context, ns lab.Namespace, awaitCommit bool) error
+	// Promote makes the standby the primary, after the old primary's relay
+	// delivered what it had; with answered non-nil, once a commit waits for
+	// the standby or answered is closed (a replay commits nothing).
+	Promote(ctx context.Context, ns lab.Namespace, answered <-chan struct{}) error
 	// Settle delivers the new primary's outbox, reads the run's charges on
 	// both servers, then discards the old primary and makes a new standby.
 	Settle(ctx context.Context, ns lab.Namespace, run string) (FailoverEvidence, error)
@@ -99,16 +100,20 @@ func (r *Runner) firePGFailover(ctx context.Context, spec Spec, run string, reqs
 	sync := spec.Faults.Replication == lab.ReplicationSync
 	firstCtx, hangUp := context.WithCancel(ctx)
 	defer hangUp()
-	answered := make(chan []Result, 1)
+	answered, done := make(chan []Result, 1), make(chan struct{})
 	go func() {
 		res, _ := Fire(firstCtx, r.Client, reqs[:1], Retry{})
 		answered <- res
+		close(done)
 	}()
 	var first []Result
-	if !sync {
+	var wait <-chan struct{}
+	if sync {
+		wait = done
+	} else {
 		first = <-answered
 	}
-	err = pf.Promote(context.WithoutCancel(ctx), ns, sync)
+	err = pf.Promote(context.WithoutCancel(ctx), ns, wait)
 	if sync {
 		hangUp() // its commit still waits for a standby that is gone: the client gives up
 		first = <-answered

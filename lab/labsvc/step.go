@@ -329,7 +329,7 @@ func (st *stepped) failPGOver(ctx context.Context) (string, error) {
 		return "", lab.Invalid("event", "pg_failover needs a stepped run started with fault=pg_failover (and fails over once)")
 	}
 	ns := st.id.Namespace
-	if err := st.s.cfg.PGFailover.Promote(context.WithoutCancel(ctx), ns, false); err != nil {
+	if err := st.s.cfg.PGFailover.Promote(context.WithoutCancel(ctx), ns, nil); err != nil {
 		return "", err
 	}
 	if err := st.s.cfg.PGFailover.Fence(context.WithoutCancel(ctx), ns); err != nil {
