@@ -222,15 +222,14 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 	case lab.FaultFailover:
 		spec.Faults.OnPair = true // every attempt of the run goes to the pair
 	case lab.FaultPGFailover:
-		modes := lab.FaultChoices(lab.FaultPGFailover, "replication")
-		mode, err := q.Choice("replication", modes[0], modes...)
+		mode, err := replicationParam(q)
 		if err != nil {
 			return spec, 0, err
 		}
 		if v, _ := s.deps.Variants.Get(spec.Store); !slices.Contains(v.Needs, variant.NeedPostgres) {
 			return spec, 0, lab.Invalid("fault", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on postgres, lease or redis+postgres", spec.Store)
 		}
-		spec.Faults.Replication = lab.Replication(mode) // every attempt of the run charges on the pair
+		spec.Faults.Replication = mode // every attempt of the run charges on the pair
 	case lab.FaultExpired:
 		window, err := q.Int("window_ms", lab.FaultDefault(lab.FaultExpired, "window_ms"), 1, 60_000)
 		if err != nil {
@@ -239,6 +238,14 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 		spec.Faults.Retention = time.Duration(window) * time.Millisecond
 	}
 	return spec, int(replicas), nil
+}
+
+// replicationParam reads ?replication= of a pg_failover run: async (the
+// default, PostgreSQL's) or sync.
+func replicationParam(q wire.Query) (lab.Replication, error) {
+	modes := lab.FaultChoices(lab.FaultPGFailover, "replication")
+	mode, err := q.Choice("replication", modes[0], modes...)
+	return lab.Replication(mode), err
 }
 
 // faultParams are the run parameters that belong to one fault or another.

@@ -219,12 +219,9 @@ func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
 		}
 	}
 	if f.Point == lab.FaultPGFailover {
-		modes := lab.FaultChoices(lab.FaultPGFailover, "replication")
-		mode, err := q.Choice("replication", modes[0], modes...)
-		if err != nil {
+		if f.Replication, err = replicationParam(q); err != nil { // every attempt charges on the pair
 			return f, err
 		}
-		f.Replication = lab.Replication(mode) // every attempt charges on the pair
 	}
 	if ttlGiven {
 		ttl, err := q.Int("ttl_ms", 0, 1, 600_000)

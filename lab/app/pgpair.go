@@ -98,10 +98,8 @@ func (f *pgFailover) start(ctx context.Context) (*pairStores, error) {
 		return nil, errors.Join(err, pair.Close())
 	}
 	s := &pairStores{pool: pool, books: pgdb.NewBooks(pool, f.clock), stores: map[lab.StoreName]lab.Store{}}
-	deps := f.deps
-	deps.Postgres, deps.Ledger, deps.RedisPair = pgdb.NewPool(pool), s.books, nil
 	for _, v := range f.variants {
-		st, err := v.Open(ctx, deps)
+		st, err := v.Open(ctx, f.depsOn(pool))
 		if err != nil {
 			pool.Close()
 			return nil, errors.Join(fmt.Errorf("error opening store %s on the PostgreSQL pair: %w", v.Name, err), pair.Close())
@@ -112,6 +110,25 @@ func (f *pgFailover) start(ctx context.Context) (*pairStores, error) {
 	f.ready.Store(s)
 	f.log.Info("started a PostgreSQL primary and standby for the pg_failover fault", "primary", pair.Primary().Port())
 	return s, nil
+}
+
+// depsOn are the primary replica's deps with pool for the store's
+// PostgreSQL and books: a store opened with them keeps everything on the
+// pair's server that pool reaches.
+func (f *pgFailover) depsOn(pool *pgxpool.Pool) variant.Deps {
+	deps := f.deps
+	deps.Postgres, deps.Ledger, deps.RedisPair = pgdb.NewPool(pool), pgdb.NewBooks(pool, f.clock), nil
+	return deps
+}
+
+// poolOn opens a small pool on one server of the pair, for a read or a
+// fence of that server alone.
+func (f *pgFailover) poolOn(ctx context.Context, c *throwaway.Cluster) (*pgxpool.Pool, error) {
+	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: c.URL(), Schema: pgdb.DefaultSchema, Size: 2, AppName: f.appName + "-direct"})
+	if err != nil {
+		return nil, fmt.Errorf("error reaching the PostgreSQL server on port %d: %w", c.Port(), err)
+	}
+	return pool, nil
 }
 
 // toPrimary sends a new connection to the primary of the moment.
@@ -231,9 +248,9 @@ func (f *pgFailover) Fence(ctx context.Context, ns lab.Namespace) error {
 	if f.holder != ns || !f.moved {
 		return lab.ErrFailoverUnderWay
 	}
-	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: f.pair.Old().URL(), Schema: pgdb.DefaultSchema, Size: 1, AppName: f.appName + "-fence"})
+	pool, err := f.poolOn(ctx, f.pair.Old())
 	if err != nil {
-		return fmt.Errorf("error reaching the old primary: %w", err)
+		return err
 	}
 	defer pool.Close()
 	_, err = pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`)
@@ -265,7 +282,7 @@ func (f *pgFailover) Inspect(ctx context.Context, name lab.StoreName, sc lab.Sco
 func (f *pgFailover) inspectOn(ctx context.Context, role string, c *throwaway.Cluster, name lab.StoreName, sc lab.Scope) lab.KeyInspection {
 	where := fmt.Sprintf("%s (port %d)", role, c.Port())
 	in := lab.KeyInspection{Where: where, State: "unknown", Facts: []string{}}
-	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: c.URL(), Schema: pgdb.DefaultSchema, Size: 2, AppName: f.appName + "-inspect"})
+	pool, err := f.poolOn(ctx, c)
 	if err != nil {
 		in.Facts = append(in.Facts, err.Error())
 		return in
@@ -281,9 +298,7 @@ func (f *pgFailover) inspectOn(ctx context.Context, role string, c *throwaway.Cl
 		if v.Name != name {
 			continue
 		}
-		deps := f.deps
-		deps.Postgres, deps.Ledger, deps.RedisPair = pgdb.NewPool(pool), pgdb.NewBooks(pool, f.clock), nil
-		st, err := v.Open(ctx, deps)
+		st, err := v.Open(ctx, f.depsOn(pool))
 		if ki, ok := st.(lab.KeyInspector); ok && err == nil {
 			if in, err = ki.Inspect(ctx, sc); err != nil {
 				in.Facts = append(in.Facts, err.Error())
@@ -332,9 +347,9 @@ func (f *pgFailover) Settle(ctx context.Context, ns lab.Namespace, run string) (
 
 // oldCharges reads the run's charges on the old primary, still running.
 func (f *pgFailover) oldCharges(ctx context.Context, ns lab.Namespace, run string) ([]lab.Payment, error) {
-	pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: f.pair.Old().URL(), Schema: pgdb.DefaultSchema, Size: 1, AppName: f.appName + "-old"})
+	pool, err := f.poolOn(ctx, f.pair.Old())
 	if err != nil {
-		return nil, fmt.Errorf("error reaching the old primary: %w", err)
+		return nil, err
 	}
 	defer pool.Close()
 	return pgdb.NewBooks(pool, f.clock).Payments(ctx, ns, run, 64)

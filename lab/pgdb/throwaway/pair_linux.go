@@ -81,18 +81,20 @@ func (p *Pair) attachStandby(ctx context.Context) error {
 		return err
 	}
 	p.standby = s
-	if err := p.primary.setConf(ctx, "synchronous_standby_names", p.syncNames()); err != nil {
+	return p.replicate(ctx)
+}
+
+// replicate sets the primary's synchronous_standby_names for the pair's
+// mode and waits until the standby streams that way.
+func (p *Pair) replicate(ctx context.Context) error {
+	names := ""
+	if p.mode == Sync {
+		names = `"` + standbyName + `"`
+	}
+	if err := p.primary.setConf(ctx, "synchronous_standby_names", names); err != nil {
 		return err
 	}
 	return p.waitStreaming(ctx)
-}
-
-// syncNames is the primary's synchronous_standby_names in the pair's mode.
-func (p *Pair) syncNames() string {
-	if p.mode == Sync {
-		return `"` + standbyName + `"`
-	}
-	return ""
 }
 
 // setConf sets a server setting on c and reloads it (ALTER SYSTEM takes
@@ -168,10 +170,7 @@ func (p *Pair) SetReplication(ctx context.Context, mode Replication) error {
 		return errors.New("no standby to replicate to: promoted, not rebuilt")
 	}
 	p.mode = mode
-	if err := p.primary.setConf(ctx, "synchronous_standby_names", p.syncNames()); err != nil {
-		return err
-	}
-	return p.waitStreaming(ctx)
+	return p.replicate(ctx)
 }
 
 // AwaitCommitWaiting waits until a session of the primary is committing
