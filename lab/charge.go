@@ -56,8 +56,12 @@ func NewReceiptEvent(e Entry, f Faults) *Event {
 	if f.RandomCaptureKey {
 		mode = CaptureKeyRandom
 	}
+	var lost string
+	if f.Has(FaultAppliedResponseLost) {
+		lost = string(FaultAppliedResponseLost)
+	}
 	payload, _ := json.Marshal(receipt{ChargeID: e.ChargeID, Key: e.Key, Account: e.Account, AmountCents: e.AmountCents,
-		Currency: e.Currency, CaptureKey: mode})
+		Currency: e.Currency, CaptureKey: mode, ProviderFault: lost})
 	return &Event{
 		ID: uuid.NewString(), Type: EventReceiptEmail, ChargeID: e.ChargeID,
 		Namespace: e.Namespace, Tenant: e.Tenant, Run: e.Run, Payload: payload, State: EventPending,
@@ -73,6 +77,9 @@ type receipt struct {
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
 	CaptureKey  string `json:"capture_key,omitempty"`
+	// ProviderFault is what the provider is asked to suffer on the first
+	// delivery of the capture (applied_response_lost).
+	ProviderFault string `json:"provider_fault,omitempty"`
 }
 
 // EffectDetails are what the relay needs to deliver a charge's effects.
@@ -80,6 +87,8 @@ type EffectDetails struct {
 	AmountCents int64
 	Currency    string
 	CaptureKey  string // CaptureKeyDerived or CaptureKeyRandom
+	// ProviderFault is the provider's fault for the first capture ("" for none).
+	ProviderFault string
 }
 
 // Effects reads what the relay needs from the event's payload.
@@ -89,7 +98,7 @@ func (e Event) Effects() EffectDetails {
 	if r.CaptureKey == "" {
 		r.CaptureKey = CaptureKeyDerived
 	}
-	return EffectDetails{AmountCents: r.AmountCents, Currency: r.Currency, CaptureKey: r.CaptureKey}
+	return EffectDetails{AmountCents: r.AmountCents, Currency: r.Currency, CaptureKey: r.CaptureKey, ProviderFault: r.ProviderFault}
 }
 
 // DerivedCaptureKey is the provider key of a charge's capture.

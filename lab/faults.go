@@ -35,6 +35,23 @@ const (
 	// under synchronous replication its commit waits and is never
 	// acknowledged.
 	FaultPGFailover FaultPoint = "pg_failover"
+	// FaultCrashAfterPhase kills the process right after the atomic phase
+	// Faults.Phase committed (crash_after_phase=1..3): on the phases design
+	// after the claim, the charge, or the provider's capture. A design
+	// without phases crashes at its nearest point: after its claim for
+	// phase 1, after its charge for phases 2 and 3 (its provider call, if it
+	// makes one, comes later, through the outbox).
+	FaultCrashAfterPhase FaultPoint = "crash_after_phase"
+	// FaultAppliedResponseLost makes the provider apply the first attempt's
+	// capture and lose its answer: the caller cannot tell whether it
+	// happened.
+	FaultAppliedResponseLost FaultPoint = "applied_response_lost"
+)
+
+// Phases a crash_after_phase fault may name, and the one it names bare.
+const (
+	MaxCrashPhase     = 3
+	DefaultCrashPhase = 2
 )
 
 // Replication is how the lab's PostgreSQL pair replicates: a primary that
@@ -76,6 +93,9 @@ func FaultSpecs() []FaultSpec {
 			map[string]int{"work_ms": 800, "ttl_ms": 200}, nil},
 		{FaultFailover, "Redis fails over before the claim replicated", nil, nil, nil},
 		{FaultPGFailover, "PostgreSQL fails over before the commit replicated (replication async or sync)", []string{"replication"}, nil, replication},
+		{FaultCrashAfterPhase, "crash after atomic phase 1, 2 or 3 (claim, charge, provider call)", []string{"phase", "ttl_ms"},
+			map[string]int{"phase": DefaultCrashPhase, "ttl_ms": 1000}, nil},
+		{FaultAppliedResponseLost, "the provider applies the first capture and its answer is lost", []string{"ttl_ms"}, map[string]int{"ttl_ms": 1000}, nil},
 	}
 }
 
@@ -118,7 +138,9 @@ const FaultHeader = "Lab-Fault"
 // Faults is what one request asks the charge path to suffer, plus the store
 // parameters the lessons need (claim TTL, retention window).
 type Faults struct {
-	Point     FaultPoint
+	Point FaultPoint
+	// Phase is the atomic phase after which crash_after_phase crashes.
+	Phase     int
 	Work      time.Duration // slow: duration of the work
 	ClaimTTL  time.Duration // redis claim TTL override
 	Retention time.Duration // key retention override (expired)
@@ -147,13 +169,27 @@ func (f Faults) RetentionOr(window time.Duration) time.Duration {
 	return window
 }
 
-// Has reports whether the named fault point is armed.
-func (f Faults) Has(point FaultPoint) bool { return f.Point == point && point != FaultNone }
+// Has reports whether the named fault point is armed. A crash after a
+// phase arms, for designs without phases, the crash nearest to it.
+func (f Faults) Has(point FaultPoint) bool {
+	switch {
+	case point == FaultNone:
+		return false
+	case f.Point == FaultCrashAfterPhase && point == FaultCrashAfterClaim:
+		return f.Phase == 1
+	case f.Point == FaultCrashAfterPhase && point == FaultCrashAfterCharge:
+		return f.Phase > 1
+	}
+	return f.Point == point
+}
 
 // String renders f in header form.
 func (f Faults) String() string {
 	var parts []string
-	if f.Point != "" {
+	switch {
+	case f.Point == FaultCrashAfterPhase:
+		parts = append(parts, string(f.Point)+"="+strconv.Itoa(f.Phase))
+	case f.Point != "":
 		parts = append(parts, string(f.Point))
 	}
 	if f.Work > 0 {
@@ -191,7 +227,7 @@ func ParseFaults(h string) (Faults, error) {
 		}
 		name, value, isParam := strings.Cut(part, "=")
 		name = strings.TrimSpace(name)
-		if !isParam {
+		if !isParam || name == string(FaultCrashAfterPhase) {
 			name = "fault point"
 		}
 		if seen[name] {
@@ -204,6 +240,17 @@ func ParseFaults(h string) (Faults, error) {
 				return f, err
 			}
 			f.Point = point
+			if point == FaultCrashAfterPhase {
+				f.Phase = DefaultCrashPhase
+			}
+			continue
+		}
+		if point, phase, ok := strings.Cut(part, "="); ok && strings.TrimSpace(point) == string(FaultCrashAfterPhase) {
+			n, err := strconv.Atoi(strings.TrimSpace(phase))
+			if err != nil || n < 1 || n > MaxCrashPhase {
+				return f, Invalid(FaultHeader, "crash_after_phase must be 1, 2 or 3 (got %q)", phase)
+			}
+			f.Point, f.Phase = FaultCrashAfterPhase, n
 			continue
 		}
 		if name == "redis" {
@@ -249,7 +296,7 @@ func ParseFaults(h string) (Faults, error) {
 		case "window_ms":
 			dst = &f.Retention
 		default:
-			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis, replication, confine", name)
+			return f, Invalid(FaultHeader, "unknown parameter %q; allowed: work_ms, ttl_ms, window_ms, capture_key, redis, replication, confine, crash_after_phase", name)
 		}
 		// Canonical decimal only, as in a query: no sign, space or leading zero.
 		ms, err := strconv.ParseInt(value, 10, 64)

@@ -280,6 +280,14 @@ type DirectSender interface {
 	SendDirect(ctx context.Context, e Event) error
 }
 
+// Capturer captures a charge at the provider inline, under the key derived
+// from the charge (so calling it again replays the one capture), records
+// the capture and returns the provider's id for it. The phases design
+// calls it between two of its phases.
+type Capturer interface {
+	CaptureInline(ctx context.Context, e Event, providerFault string) (captureID string, err error)
+}
+
 // KeyState describes one stored idempotency key for /idempotency/state.
 type KeyState struct {
 	Tenant      string    `json:"tenant"`
@@ -290,6 +298,10 @@ type KeyState struct {
 	CreatedAt   time.Time `json:"created_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	AgeMS       int64     `json:"age_ms"`
+	// RecoveryPoint is the last phase the key committed, and CompletedBy
+	// who finished it (request or completer), on a design of phases.
+	RecoveryPoint string `json:"recovery_point,omitempty"`
+	CompletedBy   string `json:"completed_by,omitempty"`
 	// Response is the stored answer's body; only a lookup of one key reads it.
 	Response json.RawMessage `json:"response,omitempty"`
 }
@@ -346,6 +358,19 @@ type Sweeper interface {
 // been: a claim nobody completed (a slow or dead worker). Zero when none.
 type InFlightAger interface {
 	OldestInFlight(ctx context.Context) (time.Duration, error)
+}
+
+// Completer finishes what crashed requests left: keys a request stopped
+// short of their end, whose client did not come back. The lab runs one
+// per process in the background.
+type Completer interface {
+	// Complete runs the remaining work of the keys left unfinished past
+	// the store's threshold, and reports how many it finished.
+	Complete(ctx context.Context) (int, error)
+	// CompleterLag is how long the oldest such key has waited beyond the
+	// threshold (zero when none): a completer that is not keeping up, or
+	// not running, shows here.
+	CompleterLag(ctx context.Context) (time.Duration, error)
 }
 
 // Describer says in one line where a running store keeps its keys.

@@ -20,6 +20,8 @@ const (
 	PointAfterCharge          PausePoint = "after_charge"           // the ledger holds the charge (uncommitted where a transaction holds both)
 	PointBeforeResponseStored PausePoint = "before_response_stored" // the response is about to be stored under the key
 	PointBeforeReplayRead     PausePoint = "before_replay_read"     // another attempt owns the key: its answer is about to be read
+	PointAfterProviderCall    PausePoint = "after_provider_call"    // phases: the provider's capture is recorded (recovery point provider_called)
+	PointAfterFinish          PausePoint = "after_finish"           // phases: the key is finished, its response not yet sent
 )
 
 // StepGate holds one attempt of a stepped run at its pause points.
@@ -118,6 +120,10 @@ const (
 	// nothing since the run began, is promoted and the old primary fenced.
 	EventPGFailover TimeEvent = "pg_failover"
 	EventWait       TimeEvent = "wait" // the lab's bounded waits end: an in-flight wait, a lock timeout
+	EventLock       TimeEvent = "lock" // the key's lock ends (phases): a retry may take it over
+	// EventCompleter: the completer's turn comes for the key (phases): its
+	// lock ends, and the completer takes it over and finishes it.
+	EventCompleter TimeEvent = "completer"
 )
 
 // TimeEvents lists the time-driven moves with what each one means.
@@ -129,6 +135,8 @@ func TimeEvents() []TimeEventSpec {
 		{EventFailover, "Redis fails over before the claim replicated (needs fault=failover)"},
 		{EventPGFailover, "PostgreSQL fails over before the commit replicated (needs fault=pg_failover)"},
 		{EventWait, "the lab's bounded waits end: a blocked twin gives up (409)"},
+		{EventLock, "the key's lock ends (phases): the next attempt takes it over and resumes from its recovery point"},
+		{EventCompleter, "the completer finishes the key from its recovery point (phases), its lock ended"},
 	}
 }
 

@@ -22,6 +22,13 @@ const (
 	// PhaseFenced is a write the ledger refused: the worker's fencing token
 	// was no longer the key's (its detail says both tokens).
 	PhaseFenced = "fenced"
+	// PhaseResume is a retry taking over a key a crash or a failure left
+	// short of its end: it runs from the key's recovery point (the detail
+	// names it), not from the start.
+	PhaseResume = "resume"
+	// PhaseProvider is the provider's capture, made inline by a design
+	// whose provider call is part of the request (the detail has its id).
+	PhaseProvider = "provider"
 )
 
 // Phases records when one attempt passed each phase, for the Server-Timing

@@ -18,7 +18,7 @@ func TestBuiltinIsTheLesson(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []lab.StoreName{"unsafe", "look-first", "memory", "redis", "postgres", "lease", "redis+postgres"}
+	want := []lab.StoreName{"unsafe", "look-first", "memory", "redis", "postgres", "lease", "phases", "redis+postgres"}
 	if got := r.Names(); !slices.Equal(got, want) {
 		t.Fatalf("built-in designs %v, want %v", got, want)
 	}
@@ -36,7 +36,11 @@ func TestBuiltinIsTheLesson(t *testing.T) {
 // verdict in every case the matrix runs, so no cell of the README's table
 // goes without its reason.
 func TestBuiltinExplainsEveryCase(t *testing.T) {
-	for _, v := range variants.Builtin() {
+	r, err := variant.NewRegistry(variants.Builtin()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range r.All() {
 		for _, c := range experiment.Cases() {
 			if c.NeedsPGPair && !slices.Contains(v.Needs, variant.NeedPostgres) {
 				continue // n/a in the matrix: no key of it is in PostgreSQL to lose

@@ -230,6 +230,12 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 			return spec, 0, lab.Invalid("fault", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on postgres, lease or redis+postgres", spec.Store)
 		}
 		spec.Faults.Replication = mode // every attempt of the run charges on the pair
+	case lab.FaultCrashAfterPhase:
+		phase, err := q.Int("phase", lab.DefaultCrashPhase, 1, lab.MaxCrashPhase)
+		if err != nil {
+			return spec, 0, err
+		}
+		spec.Faults.Phase = int(phase)
 	case lab.FaultExpired:
 		window, err := q.Int("window_ms", lab.FaultDefault(lab.FaultExpired, "window_ms"), 1, 60_000)
 		if err != nil {
@@ -249,7 +255,7 @@ func replicationParam(q wire.Query) (lab.Replication, error) {
 }
 
 // faultParams are the run parameters that belong to one fault or another.
-var faultParams = []string{"work_ms", "ttl_ms", "window_ms", "replication"}
+var faultParams = []string{"work_ms", "ttl_ms", "window_ms", "replication", "phase"}
 
 // faultParamsApply refuses a fault parameter that the chosen fault does not
 // take (ttl_ms, the claim TTL, also goes without a fault), and notes those

@@ -107,6 +107,24 @@ func newMetrics(reg *prometheus.Registry, src metricsSources) *metrics {
 			return age.Seconds()
 		}))
 	}
+	for name, st := range src.stores {
+		c, ok := st.(lab.Completer)
+		if !ok {
+			continue
+		}
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Namespace: "lab", Name: "completer_lag_seconds", ConstLabels: prometheus.Labels{"store": string(name)},
+			Help: "How long the oldest unfinished key has waited for the completer beyond its threshold: a completer not keeping up, or not running (NaN when the keys cannot be read).",
+		}, func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			lag, err := c.CompleterLag(ctx)
+			if err != nil {
+				return math.NaN()
+			}
+			return lag.Seconds()
+		}))
+	}
 	if src.relay != nil {
 		for _, o := range []struct {
 			outcome string

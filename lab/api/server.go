@@ -222,11 +222,11 @@ type route struct {
 
 // runParams are what a lab run takes; which fault parameters apply depends
 // on the fault (lab.FaultSpecs), checked when the run is read.
-var runParams = []string{"key", "account", "attempts", "amount", "replicas", "order_id", "scenario", "fault", "work_ms", "ttl_ms", "window_ms", "replication"}
+var runParams = []string{"key", "account", "attempts", "amount", "replicas", "order_id", "scenario", "fault", "work_ms", "ttl_ms", "window_ms", "replication", "phase"}
 
 // pageParams are what a link to the page may set up, each a control of its
 // run form (store, compare, and the run's own), and fire=1 fires it on load.
-var pageParams = []string{"store", "compare", "fire", "key", "attempts", "amount", "replicas", "order_id", "fault", "work_ms", "ttl_ms", "window_ms", "replication"}
+var pageParams = []string{"store", "compare", "fire", "key", "attempts", "amount", "replicas", "order_id", "fault", "work_ms", "ttl_ms", "window_ms", "replication", "phase"}
 
 // routes lists every route with the parameters it takes: one table the
 // router, the strict query check and its fuzz target all read.
@@ -261,7 +261,7 @@ func (s *Server) routes(metricsHandler echo.HandlerFunc) []route {
 		{get, "/operations/:key", []string{"store"}, s.operation},
 		{post, "/lab/failover", []string{"step"}, s.failover},
 		{get, "/lab/step", nil, s.listSchedules},
-		{post, "/lab/step", []string{"schedule", "play", "store", "attempts", "replicas", "fault", "ttl_ms", "window_ms", "replication"}, s.startStep},
+		{post, "/lab/step", []string{"schedule", "play", "store", "attempts", "replicas", "fault", "ttl_ms", "window_ms", "replication", "phase"}, s.startStep},
 		{get, "/lab/step/:id", nil, s.stepRun},
 		{post, "/lab/step/:id/advance", []string{"attempt", "event", "schedule", "seed"}, s.advanceStep},
 		{post, "/lab/step/:id/abort", nil, s.abortStep},

@@ -61,9 +61,10 @@ func (s *Server) listSchedules(c echo.Context) error {
 		Current: current, StoreEvents: s.deps.Service.StepMoves(),
 		Schedules: step.Schedules(),
 		Points: []lab.PausePoint{lab.PointBeforeClaim, lab.PointAfterClaim, lab.PointAfterWork, lab.PointAfterCharge,
-			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead},
+			lab.PointBeforeResponseStored, lab.PointBeforeReplayRead, lab.PointAfterProviderCall, lab.PointAfterFinish},
 		Events: lab.TimeEvents(),
-		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultFailover, lab.FaultPGFailover},
+		Faults: []lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultFailover, lab.FaultPGFailover,
+			lab.FaultCrashAfterPhase, lab.FaultAppliedResponseLost},
 		Note: "POST /lab/step?schedule=<name> plays one (play=none opens it to advance by hand); " +
 			"POST /lab/step?store=&attempts=&replicas= starts a run to advance with attempt=, event=, schedule=1,2,ttl or seed=",
 	})
@@ -84,7 +85,7 @@ func (s *Server) startStep(c echo.Context) error {
 		return err
 	}
 	if req.Schedule != "" {
-		for _, p := range []string{"store", "attempts", "replicas", "fault", "ttl_ms", "window_ms", "replication"} {
+		for _, p := range []string{"store", "attempts", "replicas", "fault", "ttl_ms", "window_ms", "replication", "phase"} {
 			if _, present, _ := q.Lookup(p); present {
 				return lab.Invalid(p, "comes with the named schedule: give schedule alone (and play)")
 			}
@@ -207,6 +208,9 @@ func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
 	if _, present, _ := q.Lookup("replication"); present && fault != string(lab.FaultPGFailover) {
 		return f, lab.Invalid("replication", "belongs to fault pg_failover")
 	}
+	if _, present, _ := q.Lookup("phase"); present && fault != string(lab.FaultCrashAfterPhase) {
+		return f, lab.Invalid("phase", "belongs to fault crash_after_phase")
+	}
 	if fault == "none" && !ttlGiven && !windowGiven {
 		return f, nil
 	}
@@ -222,6 +226,13 @@ func (s *Server) stepFaults(q wire.Query) (lab.Faults, error) {
 		if f.Replication, err = replicationParam(q); err != nil { // every attempt charges on the pair
 			return f, err
 		}
+	}
+	if f.Point == lab.FaultCrashAfterPhase {
+		phase, err := q.Int("phase", lab.DefaultCrashPhase, 1, lab.MaxCrashPhase)
+		if err != nil {
+			return f, err
+		}
+		f.Phase = int(phase)
 	}
 	if ttlGiven {
 		ttl, err := q.Int("ttl_ms", 0, 1, 600_000)

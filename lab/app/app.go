@@ -222,6 +222,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 	a.replicas.mu.Unlock()
 	a.bg.Go(func() { rl.Run(bgCtx) })
 	a.bg.Go(func() { a.sweep(bgCtx) })
+	a.bg.Go(func() { a.complete(bgCtx, r) })
 	a.bg.Go(func() { a.runPruner(bgCtx) })
 	return a, nil
 }
@@ -316,7 +317,7 @@ func (a *App) addCloser(f func()) {
 
 func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*replica, error) {
 	deps := variant.Deps{
-		Ledger: a.books, Sender: a.effects, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
+		Ledger: a.books, Sender: a.effects, Capturer: a.effects, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 		Window: a.cfg.Window, Wait: a.cfg.InFlightWait, ClaimTTL: a.cfg.ClaimTTL,
 		RedisPrefix: a.cfg.RedisPrefix, RedisWhere: a.redisWhere, AppName: a.instance, ResetPools: a.resetPools,
 	}
@@ -416,6 +417,32 @@ func (a *App) sweep(ctx context.Context) {
 					r.server.CountSwept(name, n)
 					a.cfg.Logger.Info("swept expired keys", "replica", r.name, "store", name, "evicted", n)
 				}
+			}
+		}
+	}
+}
+
+// completeEvery is how often the completer looks for unfinished keys.
+const completeEvery = 250 * time.Millisecond
+
+// complete runs this process's completer: the primary replica's stores
+// that finish what crashed requests left (the others share their tables).
+func (a *App) complete(ctx context.Context, r *replica) {
+	t := time.NewTicker(completeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for name, st := range r.stores {
+			c, ok := st.(lab.Completer)
+			if !ok {
+				continue
+			}
+			if n, err := c.Complete(ctx); err != nil && ctx.Err() == nil {
+				a.cfg.Logger.Warn("completer pass failed", "store", name, "finished", n, "err", err)
 			}
 		}
 	}

@@ -36,33 +36,54 @@ func (p *Courier) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	if d.CaptureKey == lab.CaptureKeyRandom {
 		key = "rnd_" + uuid.NewString() // a new key per attempt: the provider cannot tell a retry
 	}
-	return p.send(ctx, e, key, "outbox")
+	fault := ""
+	if e.Attempts <= 1 { // the first delivery suffers the run's provider fault; redeliveries do not
+		fault = d.ProviderFault
+	}
+	_, dup, err := p.send(ctx, e, key, "outbox", fault)
+	return dup, err
 }
 
 // SendDirect captures and sends the receipt at once, outside any
 // transaction, with a key of its own: what a design without an outbox does.
 func (p *Courier) SendDirect(ctx context.Context, e lab.Event) error {
-	_, err := p.send(ctx, e, "direct_"+uuid.NewString(), "direct")
+	_, _, err := p.send(ctx, e, "direct_"+uuid.NewString(), "direct", e.Effects().ProviderFault)
 	return err
 }
 
-// send captures, records the capture the provider answered (a failure
-// leaves the event to be delivered again, which replays the capture), then
-// sends the receipt.
-func (p *Courier) send(ctx context.Context, e lab.Event, key, via string) (bool, error) {
-	d := e.Effects()
-	c, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
-		ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
-	}, "")
+// CaptureInline captures the event's charge at once under the key derived
+// from it, and records the capture; the receipt is left to the outbox. A
+// second call for the charge is a replay at the provider.
+func (p *Courier) CaptureInline(ctx context.Context, e lab.Event, providerFault string) (string, error) {
+	return p.capture(ctx, e, lab.DerivedCaptureKey(e.ChargeID), provider.ViaDirect, providerFault)
+}
+
+// send captures (see capture), then sends the receipt.
+func (p *Courier) send(ctx context.Context, e lab.Event, key, via, fault string) (string, bool, error) {
+	id, err := p.capture(ctx, e, key, via, fault)
 	if err != nil {
-		return false, fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
-	}
-	if err := p.captures.RecordCapture(ctx, e.Namespace, e.ChargeID, e.Tenant, c.ID); err != nil {
-		return false, fmt.Errorf("error recording the capture of charge %s: %w", e.ChargeID, err)
+		return "", false, err
 	}
 	dup, err := p.client.Receipt(ctx, provider.ReceiptRequest{EventID: e.ID, ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, Via: via}, "")
 	if err != nil {
-		return false, fmt.Errorf("error sending the receipt of charge %s: %w", e.ChargeID, err)
+		return "", false, fmt.Errorf("error sending the receipt of charge %s: %w", e.ChargeID, err)
 	}
-	return dup, nil
+	return id, dup, nil
+}
+
+// capture captures under key and records the capture the provider
+// answered; a failure leaves the capture to be made again, which the
+// provider replays when the key is the same.
+func (p *Courier) capture(ctx context.Context, e lab.Event, key, via, fault string) (string, error) {
+	d := e.Effects()
+	c, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
+		ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
+	}, fault)
+	if err != nil {
+		return "", fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
+	}
+	if err := p.captures.RecordCapture(ctx, e.Namespace, e.ChargeID, e.Tenant, c.ID); err != nil {
+		return "", fmt.Errorf("error recording the capture of charge %s: %w", e.ChargeID, err)
+	}
+	return c.ID, nil
 }

@@ -219,6 +219,13 @@ func TestMatrix(t *testing.T) {
 		}
 	}
 	if bad := m.Mismatches(); len(bad) > 0 {
+		for _, row := range m.Rows {
+			for _, c := range row.Cells {
+				if c.Available && c.Verdict != c.ExpectedVerdict {
+					t.Logf("%s/%s: %s; %s", row.Case.Name, c.Store, c.Explanation, c.Note)
+				}
+			}
+		}
 		t.Fatalf("verdicts differ from the lesson:\n%v", bad)
 	}
 	// A cell with a named schedule opens as it, and the schedule tells the
@@ -248,23 +255,27 @@ func TestMatrix(t *testing.T) {
 	// acceptance list, written here rather than read from the code's own
 	// expectations.
 	const H, B, N = lab.Holds, lab.Breaks, lab.Verdict("") // N: the case does not apply
-	want := map[string][7]lab.Verdict{                     // unsafe, look-first, memory, redis, postgres, lease, redis+postgres
-		"retries":            {B, B, H, H, H, H, H},
-		"replicas":           {B, B, B, H, H, H, H},
-		"slow_short_ttl":     {B, B, H, B, H, H, H},
-		"slow_long_ttl":      {B, B, H, H, H, H, H},
-		"crash_after_claim":  {B, B, H, H, H, H, H},
-		"crash_after_charge": {B, B, B, B, H, H, H},
-		"outbox_fail":        {B, B, H, H, H, H, H},
-		"store_restart":      {B, B, B, B, H, H, H},
-		"expired":            {B, B, B, B, B, B, B},
-		"expired_order_id":   {H, H, H, H, H, H, H},
-		"stale_worker":       {B, B, H, B, H, H, H},
-		"redis_failover":     {B, H, H, B, H, H, H},
-		"pg_failover_async":  {N, N, N, N, B, B, B},
-		"pg_failover_sync":   {N, N, N, N, H, H, H},
-		"reused":             {B, H, H, H, H, H, H},
-		"tenants":            {B, B, H, H, H, H, H},
+	want := map[string][8]lab.Verdict{                     // unsafe, look-first, memory, redis, postgres, lease, phases, redis+postgres
+		"retries":               {B, B, H, H, H, H, H, H},
+		"replicas":              {B, B, B, H, H, H, H, H},
+		"slow_short_ttl":        {B, B, H, B, H, H, H, H},
+		"slow_long_ttl":         {B, B, H, H, H, H, H, H},
+		"crash_after_claim":     {B, B, H, H, H, H, H, H},
+		"crash_after_charge":    {B, B, B, B, H, H, H, H},
+		"crash_after_phase_1":   {B, B, H, H, H, H, H, H},
+		"crash_after_phase_2":   {B, B, B, B, H, H, H, H},
+		"crash_after_phase_3":   {B, B, B, B, H, H, H, H},
+		"applied_response_lost": {B, H, H, H, H, H, H, H},
+		"outbox_fail":           {B, B, H, H, H, H, H, H},
+		"store_restart":         {B, B, B, B, H, H, H, H},
+		"expired":               {B, B, B, B, B, B, B, B},
+		"expired_order_id":      {H, H, H, H, H, H, H, H},
+		"stale_worker":          {B, B, H, B, H, H, H, H},
+		"redis_failover":        {B, H, H, B, H, H, H, H},
+		"pg_failover_async":     {N, N, N, N, B, B, B, B},
+		"pg_failover_sync":      {N, N, N, N, H, H, H, H},
+		"reused":                {B, H, H, H, H, H, H, H},
+		"tenants":               {B, B, H, H, H, H, H, H},
 	}
 	if len(m.Rows) != len(want) {
 		t.Fatalf("%d rows, want %d", len(m.Rows), len(want))

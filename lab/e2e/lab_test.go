@@ -9,6 +9,7 @@ import (
 	"github.com/idempotency-lab/lab/variants"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/phases"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
 )
@@ -39,7 +40,7 @@ func idempotentStores(t *testing.T) []lab.StoreName {
 func storeConfig(t *testing.T, store lab.StoreName) app.Config {
 	t.Helper()
 	switch store {
-	case postgres.Name, lease.Name:
+	case postgres.Name, lease.Name, phases.Name:
 		url, schema := labtest.Postgres(t)
 		return labConfig(func(c *app.Config) { c.DatabaseURL, c.PGSchema = url, schema })
 	case redis.Name:

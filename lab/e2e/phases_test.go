@@ -9,6 +9,7 @@ import (
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/phases"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/redis"
 	"github.com/idempotency-lab/lab/variants/unsafestore"
@@ -17,12 +18,13 @@ import (
 // TestAttemptsReportTheirPhases: each answer carries the server's phases
 // (Server-Timing), and the runner places them on the run's time axis. On
 // every store the charging attempt passes claim, work, charge and commit in
-// that order inside its own try; the others end with a replay; the unsafe
+// that order inside its own try (phases calls the provider before its
+// commit); the others end with a replay; the unsafe
 // store, which stores nothing, charges without claim or commit.
 func TestAttemptsReportTheirPhases(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, fullConfig(t))
-	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, unsafestore.Name} {
+	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, phases.Name, unsafestore.Name} {
 		path := "/charge-idempotent?store=" + string(store) + "&"
 		if store == unsafestore.Name {
 			path = "/charge-unsafe?"
@@ -42,8 +44,11 @@ func TestAttemptsReportTheirPhases(t *testing.T) {
 				case try.Status == 201 && !try.Replayed:
 					charged++
 					want := []string{lab.PhaseClaim, lab.PhaseWork, lab.PhaseCharge, lab.PhaseCommit}
-					if store == unsafestore.Name {
+					switch store {
+					case unsafestore.Name:
 						want = []string{lab.PhaseWork, lab.PhaseCharge}
+					case phases.Name: // the provider's capture between the charge and the commit
+						want = []string{lab.PhaseClaim, lab.PhaseWork, lab.PhaseCharge, lab.PhaseProvider, lab.PhaseCommit}
 					}
 					if !slices.Equal(names, want) {
 						t.Errorf("%s: the charging try passed %v, want %v", store, names, want)

@@ -610,7 +610,8 @@ func added(before, after keyTally) (duplicates int) {
 // failure is the point of the run.
 func faultHitsFirstAttempt(spec Spec) bool {
 	switch spec.Faults.Point {
-	case lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultPGFailover:
+	case lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail, lab.FaultPGFailover,
+		lab.FaultCrashAfterPhase, lab.FaultAppliedResponseLost:
 		return true
 	}
 	return false

@@ -15,6 +15,7 @@ const ProviderKey = "labtest-provider-key"
 
 // ProviderServer is a payment provider served over real HTTP for a test.
 type ProviderServer struct {
+	URL      string // the provider's base, for a client of the test's own
 	Client   *provider.Client
 	Records  *provider.Memory
 	Provider *provider.Provider
@@ -35,7 +36,7 @@ func StartProvider(tb testing.TB) ProviderServer {
 	p.Register(e.Group("/provider"))
 	srv := httptest.NewServer(e)
 	tb.Cleanup(srv.Close)
-	return ProviderServer{Client: provider.NewClient(srv.URL+"/provider", ProviderKey, srv.Client()), Records: records, Provider: p}
+	return ProviderServer{URL: srv.URL + "/provider", Client: provider.NewClient(srv.URL+"/provider", ProviderKey, srv.Client()), Records: records, Provider: p}
 }
 
 // Provider serves a payment provider for the test and returns a client of it.

@@ -85,11 +85,8 @@ func ApplyTx(ctx context.Context, tx Querier, a lab.Apply) (lab.Charge, error) {
 		if a.FailOutbox {
 			return lab.Charge{}, lab.ErrOutboxWrite
 		}
-		if _, err := tx.Exec(ctx, `
-			INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
-			VALUES ($1::uuid, $2, $3, $4, $5, $6::jsonb, $7, $7)`,
-			ev.ID, ev.Type, ev.ChargeID, ev.Tenant, ev.Run, string(ev.Payload), ev.CreatedAt); err != nil {
-			return lab.Charge{}, fmt.Errorf("error inserting outbox event: %w", err)
+		if err := InsertEvent(ctx, tx, ev); err != nil {
+			return lab.Charge{}, err
 		}
 	}
 	// The balance last, in one statement that also records it on the
@@ -109,6 +106,17 @@ func ApplyTx(ctx context.Context, tx Querier, a lab.Apply) (lab.Charge, error) {
 		ID: e.ChargeID, Account: e.Account, AmountCents: e.AmountCents, Currency: e.Currency,
 		OrderID: e.OrderID, BalanceCents: balance, CreatedAt: e.CreatedAt,
 	}, nil
+}
+
+// InsertEvent writes an outbox event in tx.
+func InsertEvent(ctx context.Context, tx Querier, ev *lab.Event) error {
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO outbox (event_id, event_type, charge_id, tenant_id, run_id, payload, next_attempt_at, created_at)
+		VALUES ($1::uuid, $2, $3, $4, $5, $6::jsonb, $7, $7)`,
+		ev.ID, ev.Type, ev.ChargeID, ev.Tenant, ev.Run, string(ev.Payload), ev.CreatedAt); err != nil {
+		return fmt.Errorf("error inserting outbox event: %w", err)
+	}
+	return nil
 }
 
 // chargeByID reads one applied charge.
@@ -434,7 +442,7 @@ func (b *Books) OutboxStats(ctx context.Context, ns lab.Namespace) (lab.OutboxSt
 // them, for the admin), and nothing else.
 func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 	if ns == "" {
-		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, outbox_rollup, webhook_events, fenced_writes, lease_requests, cached_requests, idempotency_requests, account_balances, lab_runs, charge_captures`); err != nil {
+		if _, err := b.pool.Exec(ctx, `TRUNCATE charges, outbox, outbox_rollup, webhook_events, fenced_writes, lease_requests, phase_requests, cached_requests, idempotency_requests, account_balances, lab_runs, charge_captures`); err != nil {
 			return fmt.Errorf("error truncating the lab's tables: %w", err)
 		}
 		return nil
@@ -450,6 +458,7 @@ func (b *Books) Reset(ctx context.Context, ns lab.Namespace) error {
 		`DELETE FROM idempotency_requests WHERE namespace = $1`,
 		`DELETE FROM cached_requests WHERE namespace = $1`,
 		`DELETE FROM lease_requests WHERE namespace = $1`,
+		`DELETE FROM phase_requests WHERE namespace = $1`,
 		`DELETE FROM account_balances WHERE split_part(tenant_id, '~', 1) = $1`,
 		`DELETE FROM lab_runs WHERE namespace = $1`,
 	)

@@ -146,6 +146,37 @@ SELECT setval('lease_tokens', m) FROM (SELECT max(attempt_token) AS m FROM lease
 WHERE m IS NOT NULL AND m > (SELECT last_value FROM lease_tokens);
 CREATE INDEX IF NOT EXISTS lease_requests_expires_at ON lease_requests (expires_at);
 
+-- The phases store: a request in atomic phases, each committing its writes
+-- with the key's recovery point. The row is locked (lock_token, rising from
+-- phase_tokens, and locked_until) while a request or the completer works on
+-- it; every phase's transaction first re-takes the lock by its token, so a
+-- worker whose lock was taken over writes nothing more.
+CREATE TABLE IF NOT EXISTS phase_requests (
+    tenant_id           text        NOT NULL,
+    endpoint            text        NOT NULL,
+    idempotency_key     text        NOT NULL,
+    request_fingerprint text        NOT NULL,
+    request             jsonb       NOT NULL, -- what the completer needs to finish it
+    recovery_point      text        NOT NULL CHECK (recovery_point IN ('started', 'charge_created', 'provider_called', 'finished')),
+    lock_token          bigint      NOT NULL,
+    locked_until        timestamptz NOT NULL,
+    charge_id           text        NOT NULL,
+    capture_id          text,
+    response_status     integer,
+    response_body       bytea,
+    completed_by        text        CHECK (completed_by IN ('request', 'completer')),
+    created_at          timestamptz NOT NULL,
+    updated_at          timestamptz NOT NULL,
+    expires_at          timestamptz NOT NULL,
+    namespace           text        GENERATED ALWAYS AS (split_part(tenant_id, '~', 1)) STORED,
+    PRIMARY KEY (tenant_id, endpoint, idempotency_key)
+);
+CREATE INDEX IF NOT EXISTS phase_requests_namespace ON phase_requests (namespace, created_at DESC);
+-- What the completer looks for: keys short of finished, oldest first.
+CREATE INDEX IF NOT EXISTS phase_requests_unfinished ON phase_requests (updated_at) WHERE recovery_point <> 'finished';
+CREATE INDEX IF NOT EXISTS phase_requests_expires_at ON phase_requests (expires_at) WHERE recovery_point = 'finished';
+CREATE SEQUENCE IF NOT EXISTS phase_tokens;
+
 -- The resource checks the fence, not the worker: a ledger row carrying a
 -- fencing token is refused unless the token is still its key's current
 -- one (SQLSTATE LF001). The key row is locked while checking, so a

@@ -56,7 +56,7 @@ func moves(ms ...any) []Move {
 // Schedules are the named schedules, one per cell of the lesson that has
 // one. The store names are the variants' own.
 func Schedules() []Schedule {
-	ttl, lease, window := lab.EventTTL, lab.EventLease, lab.EventWindow
+	ttl, lease, window, lock := lab.EventTTL, lab.EventLease, lab.EventWindow, lab.EventLock
 	return []Schedule{
 		{Name: "look-first-both-look", Case: "retries", Store: "look-first", Replicas: 1, Attempts: 2, Charges: 2,
 			// 1,2: both at before_claim; 1,2: both looked and found nothing;
@@ -134,6 +134,22 @@ func Schedules() []Schedule {
 			// which the ledger refuses: it answers with attempt 2's charge.
 			Steps: moves(1, 1, lease, 2, 2, 2, 1),
 			Shows: "a worker stalls past its lease, a retry takes over, and the stalled worker's write is refused by the fence: one charge"},
+		{Name: "phases-retry-resumes", Case: "crash_after_phase_2", Store: "phases", Replicas: 1, Attempts: 2, Charges: 1,
+			Faults: "crash_after_phase=2; ttl_ms=60000",
+			// 1,1: attempt 1 commits phase 1 (the claim, the request
+			// recorded); 1: it commits phase 2 (the charge) and crashes;
+			// lock: the key's lock ends; 2: attempt 2 arrives; 2: it takes
+			// the key over at charge_created and runs phase 3 (the capture)
+			// only; 2: phase 4 (the receipt event); 2: it answers 201.
+			Steps: moves(1, 1, 1, lock, 2, 2, 2, 2),
+			Shows: "a crash after the charge: the retry resumes at phase 3, not 1 — it captures under the charge's derived key and finishes with the one charge"},
+		{Name: "phases-completer-finishes-first", Store: "phases", Replicas: 1, Attempts: 2, Charges: 1,
+			Faults: "crash_after_phase=2; ttl_ms=60000",
+			// the same crash; completer: the completer takes the key over
+			// and runs phases 3 and 4; 2: attempt 2 arrives late; 2: it
+			// finds the key finished; 2: it replays the completer's answer.
+			Steps: moves(1, 1, 1, lab.EventCompleter, 2, 2, 2),
+			Shows: "the same crash, and the client comes back late: the completer finished the key first, so the retry replays the charge it finished"},
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"regexp"
 	"time"
 
@@ -73,6 +74,38 @@ func ReplicationDecides(f lab.Faults) lab.Verdict {
 	return lab.Breaks
 }
 
+// RelayReplaysCapture is the mechanism of applied_response_lost on a
+// design whose effects leave through the outbox: the request never calls
+// the provider, and the relay's redelivery is a replay there.
+func RelayReplaysCapture() Mechanism {
+	return Mechanism{Usual: lab.Holds,
+		Holds:  "the request committed the charge and its event and answered; the relay's first capture was applied and its answer lost, so it delivered again under the same derived key, which the provider replayed: one charge, one capture",
+		Breaks: "a second charge or capture got in"}
+}
+
+// nearestCrash is the mechanism of crash_after_phase on a design without
+// phases, which crashes at its nearest point: after its claim for phase
+// one, after its charge for phases two and three. False when the design
+// explains neither.
+func nearestCrash(ms map[Case]Mechanism) (Mechanism, bool) {
+	claim, ok1 := ms[FaultCase(lab.FaultCrashAfterClaim)]
+	charge, ok2 := ms[FaultCase(lab.FaultCrashAfterCharge)]
+	if !ok1 || !ok2 {
+		return Mechanism{}, false
+	}
+	which := func(f lab.Faults) Mechanism {
+		if f.Phase == 1 {
+			return claim
+		}
+		return charge
+	}
+	text := func(pick func(Mechanism) string) string {
+		return "without phases, phase 1 is its crash after the claim (" + pick(claim) + "), and phases 2 and 3 its crash after the charge, its provider reached later through the outbox (" + pick(charge) + ")"
+	}
+	return Mechanism{Usual: charge.Usual, UsualWith: func(f lab.Faults) lab.Verdict { return which(f).Expected(f) },
+		Holds: text(func(m Mechanism) string { return m.Holds }), Breaks: text(func(m Mechanism) string { return m.Breaks })}, true
+}
+
 // CrashEffect is what a crash of the process leaves of a design's keys: the
 // one fact about a crash that the conformance suite's model of the design
 // cannot read from its verdicts.
@@ -95,12 +128,16 @@ const (
 	// the second phase committed (charge and response together) stays
 	// (lease).
 	CrashLeavesLease CrashEffect = "lease stays until it ends"
+	// CrashLeavesRecoveryPoint: every phase committed stays, with the key's
+	// recovery point, locked until its lock ends; then a retry (or the
+	// completer) resumes from there (phases).
+	CrashLeavesRecoveryPoint CrashEffect = "recovery point stays; a retry resumes"
 )
 
 // keeps reports an effect a design that keeps keys may declare.
 func (e CrashEffect) keeps() bool {
 	switch e {
-	case CrashWipesHeap, CrashLeavesClaim, CrashRollsBack, CrashLeavesLease:
+	case CrashWipesHeap, CrashLeavesClaim, CrashRollsBack, CrashLeavesLease, CrashLeavesRecoveryPoint:
 		return true
 	}
 	return false
@@ -139,8 +176,11 @@ type Variant struct {
 type Deps struct {
 	Ledger lab.Ledger
 	Sender lab.DirectSender
-	Clock  lab.Clock
-	Logger *slog.Logger
+	// Capturer captures a charge at the provider in the middle of a
+	// request, for a design whose provider call is part of it.
+	Capturer lab.Capturer
+	Clock    lab.Clock
+	Logger   *slog.Logger
 
 	Window   time.Duration // retention of completed keys
 	Wait     time.Duration // bounded wait for an in-flight twin
@@ -185,7 +225,8 @@ var validName = regexp.MustCompile(`^[a-z][a-z0-9+_-]{0,31}$`)
 
 // NewRegistry checks and orders vs as given: names unique and URL-safe,
 // Open set, known needs, a keyed design's crash effect declared, usual
-// verdicts valid.
+// verdicts valid. A design silent on crash_after_phase gets the mechanism
+// of its nearest crash.
 func NewRegistry(vs ...Variant) (*Registry, error) {
 	r := &Registry{byName: map[lab.StoreName]int{}}
 	var errs []error
@@ -198,8 +239,8 @@ func NewRegistry(vs ...Variant) (*Registry, error) {
 		case v.Effects != "outbox" && v.Effects != "direct":
 			errs = append(errs, fmt.Errorf("variant %s: Effects must be outbox or direct (got %q)", v.Name, v.Effects))
 		case v.RequiresKey && !v.Crash.keeps():
-			errs = append(errs, fmt.Errorf("variant %s: a keyed design declares what a crash leaves of its keys: Crash must be %q, %q, %q or %q (got %q)",
-				v.Name, CrashWipesHeap, CrashLeavesClaim, CrashRollsBack, CrashLeavesLease, v.Crash))
+			errs = append(errs, fmt.Errorf("variant %s: a keyed design declares what a crash leaves of its keys: Crash must be %q, %q, %q, %q or %q (got %q)",
+				v.Name, CrashWipesHeap, CrashLeavesClaim, CrashRollsBack, CrashLeavesLease, CrashLeavesRecoveryPoint, v.Crash))
 		case !v.RequiresKey && v.Crash != "" && v.Crash != CrashNothingToLose:
 			errs = append(errs, fmt.Errorf("variant %s: a design without keys has nothing a crash could leave: Crash must be %q or empty (got %q)",
 				v.Name, CrashNothingToLose, v.Crash))
@@ -215,6 +256,12 @@ func NewRegistry(vs ...Variant) (*Registry, error) {
 		for c, m := range v.Mechanisms {
 			if m.Usual != lab.Holds && m.Usual != lab.Breaks {
 				errs = append(errs, fmt.Errorf("variant %s, case %s: usual verdict must be holds or breaks (got %q)", v.Name, c, m.Usual))
+			}
+		}
+		if _, ok := v.Mechanisms[FaultCase(lab.FaultCrashAfterPhase)]; !ok {
+			if m, ok := nearestCrash(v.Mechanisms); ok {
+				v.Mechanisms = maps.Clone(v.Mechanisms)
+				v.Mechanisms[FaultCase(lab.FaultCrashAfterPhase)] = m
 			}
 		}
 		r.byName[v.Name] = len(r.list)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -160,6 +161,28 @@ func (outboxOnly) SendDirect(context.Context, lab.Event) error {
 	return errors.New("a keyed design sent an effect directly, outside its transaction")
 }
 
+// provider stands for the payment provider of a design that captures
+// inline: one capture per key, a second call replaying it.
+type provider struct {
+	mu       sync.Mutex
+	captures map[string]string // capture key → capture id
+}
+
+func (p *provider) CaptureInline(_ context.Context, e lab.Event, fault string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := lab.DerivedCaptureKey(e.ChargeID)
+	id, ok := p.captures[key]
+	if !ok {
+		id = "cap_" + e.ChargeID
+		p.captures[key] = id
+	}
+	if fault != "" {
+		return "", fmt.Errorf("the provider applied capture %s and its answer was lost", id)
+	}
+	return id, nil
+}
+
 // open builds the variant's store the way the lab does, through its Open.
 func (s *services) open(t tb, cfg settings) *env {
 	t.Helper()
@@ -169,7 +192,7 @@ func (s *services) open(t tb, cfg settings) *env {
 		bk = pgdb.NewBooks(s.pool, c.Now) // the postgres store writes the ledger in its own transaction
 	}
 	deps := variant.Deps{
-		Ledger: bk, Sender: outboxOnly{}, Clock: c.Now, Logger: slog.New(slog.DiscardHandler),
+		Ledger: bk, Sender: outboxOnly{}, Capturer: &provider{captures: map[string]string{}}, Clock: c.Now, Logger: slog.New(slog.DiscardHandler),
 		Window: cfg.window, Wait: cfg.wait, ClaimTTL: cfg.claimTTL,
 		Redis: s.redis, RedisPrefix: s.prefix + cfg.prefix, RedisWhere: s.redisWhere,
 		AppName: s.appName,

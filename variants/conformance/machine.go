@@ -62,7 +62,7 @@ func profileOf(t *testing.T, b backend) profile {
 			t.Fatalf("%s declares %s for %s; the model assumes it holds", b.v.Name, v, c)
 		}
 	}
-	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != variant.CrashRollsBack && effect != variant.CrashLeavesLease) {
+	if breaks := declared(variant.FaultCase(lab.FaultCrashAfterCharge)) == lab.Breaks; breaks != (effect != variant.CrashRollsBack && effect != variant.CrashLeavesLease && effect != variant.CrashLeavesRecoveryPoint) {
 		t.Fatalf("%s declares crash_after_charge %s, which its crash effect in the model contradicts", b.v.Name, declared(variant.FaultCase(lab.FaultCrashAfterCharge)))
 	}
 	return profile{
@@ -87,10 +87,15 @@ const (
 	completed                 // a live record with the response the client saw
 	unseen                    // committed, with a response not yet seen: lost with a crash, or one of racing twins'
 	claimed                   // a stale claim: its request waits (409), another gets 422
+	// held and resumable are a key stopped at a recovery point after its
+	// charge (phases): locked until its lock ends (409), then resumed by
+	// its request's next attempt, which finishes it with that charge.
+	held
+	resumable
 )
 
 func (s keyState) String() string {
-	return [...]string{"absent", "completed", "unseen", "claimed"}[s]
+	return [...]string{"absent", "completed", "unseen", "claimed", "held", "resumable"}[s]
 }
 
 type modelKey struct {
@@ -100,6 +105,7 @@ type modelKey struct {
 	expires time.Time // on the model's clock
 	charges int       // the ledger, over every life of the key
 	cents   int64
+	phase   int // held, resumable: the last phase committed
 }
 
 type machine struct {
@@ -158,7 +164,7 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 	acts := map[string]func(*rapid.T){
 		"": m.check,
 		"charge": func(t *rapid.T) {
-			m.attempt(t, draw(t), amounts.Draw(t, "amount"), lab.FaultNone)
+			m.attempt(t, draw(t), amounts.Draw(t, "amount"), lab.Faults{})
 		},
 		"retry": func(t *rapid.T) {
 			var live []slot
@@ -171,14 +177,14 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 				t.Skip("no live key to retry")
 			}
 			s := rapid.SampledFrom(live).Draw(t, "live key")
-			m.attempt(t, s, m.keys[s].amount, lab.FaultNone)
+			m.attempt(t, s, m.keys[s].amount, lab.Faults{})
 		},
 		"twins": func(t *rapid.T) {
 			m.twins(t, draw(t), amounts.Draw(t, "amount"), rapid.IntRange(2, 4).Draw(t, "twins"))
 		},
 		"fault": func(t *rapid.T) {
-			point := rapid.SampledFrom([]lab.FaultPoint{lab.FaultCrashAfterClaim, lab.FaultCrashAfterCharge, lab.FaultOutboxFail}).Draw(t, "point")
-			m.attempt(t, draw(t), amounts.Draw(t, "amount"), point)
+			f := rapid.SampledFrom(m.faults()).Draw(t, "fault")
+			m.attempt(t, draw(t), amounts.Draw(t, "amount"), f)
 		},
 	}
 	if r, ok := m.e.store.(lab.Restarter); ok {
@@ -192,6 +198,16 @@ func (m *machine) actions() map[string]func(*rapid.T) {
 		acts["jumpPastWindow"] = func(t *rapid.T) { m.jump(t, jumpPastWindow) }
 	}
 	return acts
+}
+
+// faults are the faults a first attempt may carry: on a design of
+// phases, a crash after each of them too.
+func (m *machine) faults() []lab.Faults {
+	fs := []lab.Faults{{Point: lab.FaultCrashAfterClaim}, {Point: lab.FaultCrashAfterCharge}, {Point: lab.FaultOutboxFail}}
+	if m.p.crash == variant.CrashLeavesRecoveryPoint {
+		fs = append(fs, lab.Faults{Point: lab.FaultCrashAfterPhase, Phase: 2}, lab.Faults{Point: lab.FaultCrashAfterPhase, Phase: 3})
+	}
+	return fs
 }
 
 func (m *machine) tenant(s slot) string { return m.prefix + s.role }
@@ -229,12 +245,13 @@ func (m *machine) forget(ns lab.Namespace) {
 }
 
 // attempt sends one attempt and checks its answer against the model.
-func (m *machine) attempt(t *rapid.T, s slot, amount int64, point lab.FaultPoint) {
+func (m *machine) attempt(t *rapid.T, s slot, amount int64, f lab.Faults) {
 	k := m.keys[s]
 	m.dirty[s] = true
-	a := m.e.attempt(m.tenant(s), s.key, amount, "", lab.Faults{Point: point})
+	point := f.Point
+	a := m.e.attempt(m.tenant(s), s.key, amount, "", f)
 	out, err := m.e.charge(t, a)
-	t.Logf("%s %d %s (key %s): %s", s, amount, point, k.state, describe(out, err))
+	t.Logf("%s %d %s (key %s): %s", s, amount, f, k.state, describe(out, err))
 	switch {
 	case k.state != absent && k.amount != amount:
 		if !errors.Is(err, lab.ErrKeyReused) {
@@ -246,10 +263,12 @@ func (m *machine) attempt(t *rapid.T, s slot, amount int64, point lab.FaultPoint
 		}
 	case k.state == unseen:
 		m.learn(t, k, []lab.Outcome{out}, []error{err})
-	case k.state == claimed:
+	case k.state == claimed || k.state == held:
 		if !errors.Is(err, lab.ErrInProgress) {
-			t.Fatalf("retry on a stale claim: %s; want 409 in progress", describe(out, err))
+			t.Fatalf("retry on a locked key (%s): %s; want 409 in progress", k.state, describe(out, err))
 		}
+	case m.p.crash == variant.CrashLeavesRecoveryPoint:
+		m.phases(t, k, amount, f, out, err)
 	case point == lab.FaultNone:
 		m.charged(t, k, amount, out, err)
 	case point == lab.FaultOutboxFail: // every keyed design declares that this holds
@@ -280,6 +299,55 @@ func (m *machine) attempt(t *rapid.T, s slot, amount int64, point lab.FaultPoint
 				m.live(k, claimed, amount, lab.Response{}, machineClaimTTL)
 			}
 		}
+	}
+}
+
+// phases checks an attempt on a design of phases that runs the phases its
+// key has left (all four when it is absent): it crashes after the phase
+// its fault names, if it runs that phase; it stops before phase four when
+// the outbox fails, the lock let go; otherwise it finishes with a fresh
+// 201 of the key's one charge.
+func (m *machine) phases(t *rapid.T, k *modelKey, amount int64, f lab.Faults, out lab.Outcome, err error) {
+	from := 0
+	if k.state == resumable {
+		from = k.phase
+	}
+	crash := map[lab.FaultPoint]int{lab.FaultCrashAfterClaim: 1, lab.FaultCrashAfterCharge: 4, lab.FaultCrashAfterPhase: f.Phase}[f.Point]
+	stop := 4
+	switch {
+	case crash > from:
+		stop = crash
+		if !errors.Is(err, lab.ErrCrash) {
+			t.Fatalf("%s from phase %d: %s; want the injected crash", f, from, describe(out, err))
+		}
+	case f.Point == lab.FaultOutboxFail:
+		stop = 3
+		if !errors.Is(err, lab.ErrOutboxWrite) {
+			t.Fatalf("%s from phase %d: %s; want the injected outbox failure", f, from, describe(out, err))
+		}
+	}
+	if from < 2 && stop >= 2 {
+		k.charge(amount)
+	}
+	switch {
+	case stop == 4 && crash == 4:
+		m.live(k, unseen, amount, lab.Response{}, machineWindow)
+	case stop == 4:
+		if err != nil || out.Replayed {
+			t.Fatalf("attempt from phase %d: %s; want a fresh 201", from, describe(out, err))
+		}
+		if c := chargeBody(t, out.Response); c.AmountCents != amount {
+			t.Fatalf("charged %d, want %d", c.AmountCents, amount)
+		}
+		m.live(k, completed, amount, out.Response, machineWindow)
+	case stop == 1:
+		m.live(k, claimed, amount, lab.Response{}, machineClaimTTL)
+	case f.Point == lab.FaultOutboxFail:
+		m.live(k, resumable, amount, lab.Response{}, 0) // let go at once
+		k.phase = stop
+	default:
+		m.live(k, held, amount, lab.Response{}, machineClaimTTL)
+		k.phase = stop
 	}
 }
 
@@ -346,10 +414,10 @@ func (m *machine) twins(t *rapid.T, s slot, amount int64, n int) {
 		}
 	case k.state == unseen:
 		m.learn(t, k, outs, errs)
-	case k.state == claimed:
+	case k.state == claimed || k.state == held:
 		for i := range n {
 			if !errors.Is(errs[i], lab.ErrInProgress) {
-				t.Fatalf("twin on a stale claim: %s; want 409 in progress", describe(outs[i], errs[i]))
+				t.Fatalf("twin on a locked key (%s): %s; want 409 in progress", k.state, describe(outs[i], errs[i]))
 			}
 		}
 	case m.p.races:
@@ -375,6 +443,10 @@ func (m *machine) twins(t *rapid.T, s slot, amount int64, n int) {
 		}
 		if first < 0 {
 			t.Fatal("no twin charged")
+		}
+		if k.state == resumable { // the first resumed the key: its charge was made before
+			k.charges--
+			k.cents -= amount
 		}
 		m.charged(t, k, amount, outs[first], errs[first])
 		for i := range n {
@@ -412,10 +484,13 @@ func (m *machine) jump(t *rapid.T, d time.Duration) {
 	m.touch("")
 	now := m.e.clock.Now()
 	for _, k := range m.keys {
-		if k.state == absent || now.Before(k.expires) {
+		if k.state == absent || k.state == resumable || now.Before(k.expires) {
 			continue
 		}
-		if k.state == claimed || m.p.expiryForgets {
+		switch {
+		case k.state == held:
+			k.state = resumable // the lock ended: the next attempt resumes
+		case k.state == claimed || m.p.expiryForgets:
 			k.state = absent
 		}
 	}
@@ -445,7 +520,8 @@ func (m *machine) check(t *rapid.T) {
 		if got.Charges != k.charges || got.Cents != k.cents {
 			t.Fatalf("ledger for %s holds %d charge(s), %d cents; the model expects %d, %d", s, got.Charges, got.Cents, k.charges, k.cents)
 		}
-		want := map[keyState]string{absent: lab.KeyAbsent, completed: lab.KeyCompleted, unseen: lab.KeyCompleted, claimed: lab.KeyInFlight}[k.state]
+		want := map[keyState]string{absent: lab.KeyAbsent, completed: lab.KeyCompleted, unseen: lab.KeyCompleted, claimed: lab.KeyInFlight,
+			held: lab.KeyInFlight, resumable: lab.KeyInFlight}[k.state]
 		if st, ok := m.e.lookup(t, m.scope(s)); ok && st != want {
 			t.Fatalf("store reports key %s %s; the model has it %s", s, st, k.state)
 		}

@@ -39,6 +39,7 @@ func Variant() variant.Variant {
 				Breaks: "the lost response led to a second charge"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Holds, Holds: "phase two rolled back whole and the claim's lease was ended: the retry took over and charged once",
 				Breaks: "the failed write left a charge behind"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): variant.RelayReplaysCapture(),
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Holds, Holds: "the claim is a committed row and nothing is kept in memory or held across phases: the retry replays",
 				Breaks: "the restart lost a committed key"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "after the window the key is taken over, but the unique (tenant, order_id) constraint refuses a second charge",

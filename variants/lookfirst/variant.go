@@ -35,6 +35,7 @@ func Variant() variant.Variant {
 				Breaks: "the crash came between the charge and the write: the key was never recorded (and the heap died anyway), so every retry charged again"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Breaks, Holds: "the retries came one at a time: the failed write charged nothing, and the first retry's answer was there for the next",
 				Breaks: "the ledger refused the charge with its event and nothing was recorded; the retries released together then raced each other, and each charged"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): variant.RelayReplaysCapture(),
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Breaks, Holds: "the key survived the restart",
 				Breaks: "a restart forgets the map in the heap: the retries found nothing and, released together, each charged"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",

@@ -40,6 +40,7 @@ func Variant() variant.Variant {
 				Breaks: "the crash wiped the process heap after the charge: the map no longer knows the key, so the retry charges again"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Holds, Holds: "the ledger refused the charge with its event, the claim was released, and the retry charged once",
 				Breaks: "the failed write left a charge behind"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): variant.RelayReplaysCapture(),
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Breaks, Holds: "the key survived the restart",
 				Breaks: "a restart forgets every key in the heap: the retry of a completed charge charges again"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",

@@ -38,6 +38,7 @@ func Variant() variant.Variant {
 				Breaks: "the lost response led to a second charge"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Holds, Holds: "the failed outbox insert rolled back charge and key together: nothing stayed, and the retry charged once",
 				Breaks: "the failed write left a charge behind"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): variant.RelayReplaysCapture(),
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Holds, Holds: "the connections died but the committed rows did not: the retry replays",
 				Breaks: "the restart lost a committed key"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "after the window the key row is reclaimed, but the unique (tenant, order_id) constraint refuses a second charge: the permanent domain key holds",

@@ -42,6 +42,7 @@ func Variant() variant.Variant {
 				Breaks: "the charge committed in the ledger but the completed record never reached Redis: the claim expired and a retry charged again — key and ledger share no commit"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Holds, Holds: "the ledger refused the charge with its event; the claim was released (compare-and-delete on its token) and the retry charged once",
 				Breaks: "the failed write left a charge behind"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): variant.RelayReplaysCapture(),
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Breaks, Holds: "the record survived the restart",
 				Breaks: "Redis without persistence restarted empty: the completed record is gone, so the retry charges again"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",

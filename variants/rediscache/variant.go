@@ -41,6 +41,7 @@ func Variant() variant.Variant {
 				Breaks: "the lost response led to a second charge"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Holds, Holds: "the failed outbox insert rolled back charge and key together; the retry charged once",
 				Breaks: "the failed write left a charge behind"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): variant.RelayReplaysCapture(),
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Holds, Holds: "Redis restarted empty, which cost only speed: the replay fell back to PostgreSQL, which still held the key",
 				Breaks: "the restart lost a committed key"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "after the window the key is reclaimed, but the unique (tenant, order_id) constraint refuses a second charge",

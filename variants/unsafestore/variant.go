@@ -31,6 +31,8 @@ func Variant() variant.Variant {
 				Breaks: "the lost response leaves a charge the client cannot see; its retries charge again"},
 			variant.FaultCase(lab.FaultOutboxFail): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
 				Breaks: "the provider is called inline, before the write that then fails: it captured and receipted a charge the ledger rolled back, and every retry charges (and sends) again"},
+			variant.FaultCase(lab.FaultAppliedResponseLost): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
+				Breaks: "the provider applied the inline capture and its answer was lost; the charge went on, and every retry, with no key to stop it, charged and captured again under a key of its own"},
 			variant.FaultCase(lab.FaultStoreRestart): {Usual: lab.Breaks, Holds: "only one attempt reached the server",
 				Breaks: "there is no state to lose: every retry charges anyway"},
 			variant.FaultCase(lab.FaultExpired): {Usual: lab.Breaks, Holds: "the order id's unique constraint in the ledger refused the second charge",
