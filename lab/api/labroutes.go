@@ -227,7 +227,7 @@ func (s *Server) parseSpec(c echo.Context, store lab.StoreName, id tenants.Ident
 			return spec, 0, err
 		}
 		if v, _ := s.deps.Variants.Get(spec.Store); !slices.Contains(v.Needs, variant.NeedPostgres) {
-			return spec, 0, lab.Invalid("fault", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on postgres, lease or redis+postgres", spec.Store)
+			return spec, 0, lab.Invalid("fault", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on postgres, lease, phases or redis+postgres", spec.Store)
 		}
 		spec.Faults.Replication = mode // every attempt of the run charges on the pair
 	case lab.FaultCrashAfterPhase:

@@ -155,7 +155,7 @@ func (f *pgFailover) Store(ctx context.Context, name lab.StoreName) (lab.Store, 
 	}
 	st, ok := s.stores[name]
 	if !ok {
-		return nil, lab.Invalid("store", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on a store that does (postgres, lease, redis+postgres)", name)
+		return nil, lab.Invalid("store", "pg_failover fails over the PostgreSQL that holds the keys, and %s keeps none there: run it on a store that does (postgres, lease, phases, redis+postgres)", name)
 	}
 	return st, nil
 }

@@ -86,7 +86,7 @@ func (s *Service) StartStep(ctx context.Context, id tenants.Identity, req StepRe
 	}
 	if req.Faults.Point == lab.FaultPGFailover {
 		if v, _ := s.cfg.Variants.Get(req.Store); !slices.Contains(v.Needs, variant.NeedPostgres) {
-			return nil, lab.Invalid("fault", "pg_failover is a move of a stepped run on a store whose keys are in PostgreSQL (postgres, lease, redis+postgres; got %s)", req.Store)
+			return nil, lab.Invalid("fault", "pg_failover is a move of a stepped run on a store whose keys are in PostgreSQL (postgres, lease, phases, redis+postgres; got %s)", req.Store)
 		}
 		if s.cfg.PGFailover == nil || s.cfg.PGFailover.Unavailable() != "" {
 			return nil, fmt.Errorf("%w: the pg_failover move needs the lab's PostgreSQL pair", lab.ErrStoreUnavailable)
