@@ -54,6 +54,7 @@ func toProblem(err error) (*problemError, time.Duration) {
 		ip *lab.InProgressError
 		he *echo.HTTPError
 		tm *labsvc.SlowLimitError
+		rl *labsvc.RunLimitError
 	)
 	switch {
 	case errors.As(err, &pe):
@@ -64,6 +65,10 @@ func toProblem(err error) (*problemError, time.Duration) {
 		return p, 0
 	case errors.As(err, &tm):
 		return problem(http.StatusTooManyRequests, "too_many_requests", "Too many requests", tm.Error()), time.Second
+	case errors.As(err, &rl) && rl.Namespace:
+		return problem(http.StatusTooManyRequests, "too_many_runs", "Too many runs", rl.Error()), time.Second
+	case errors.As(err, &rl):
+		return problem(http.StatusServiceUnavailable, "lab_busy", "Lab busy", rl.Error()), time.Second
 	case errors.Is(err, labsvc.ErrCheckRunning):
 		return problem(http.StatusConflict, "check_running", "Check running", err.Error()), time.Second
 	case errors.Is(err, labsvc.ErrEffectsRunning):
@@ -104,7 +109,9 @@ func toProblem(err error) (*problemError, time.Duration) {
 // writeProblem sends err as application/problem+json.
 func writeProblem(c echo.Context, log *slog.Logger, err error) error {
 	p, retryAfter := toProblem(err)
-	if p.status >= 500 && !errors.Is(err, lab.ErrOutboxWrite) { // injected failures are the lesson, not an incident
+	// Injected failures are the lesson, and a client that went away its own
+	// business: neither is an incident.
+	if p.status >= 500 && !errors.Is(err, lab.ErrOutboxWrite) && !errors.Is(err, context.Canceled) {
 		log.ErrorContext(c.Request().Context(), "request failed", "path", c.Path(), "code", p.code, "err", err)
 	}
 	if retryAfter > 0 {

@@ -370,7 +370,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 	}
 	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
 		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps,
-		Failover: a.failover, PGFailover: a.pg})
+		Failover: a.failover, PGFailover: a.pg, MaxRuns: a.cfg.MaxRuns})
 	if err != nil {
 		return nil, err
 	}

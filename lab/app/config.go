@@ -45,6 +45,11 @@ type Config struct {
 	JoinCode string
 	// MaxAttendees bounds how many may join. Default 200.
 	MaxAttendees int
+	// MaxRuns bounds the lab runs and design checks in flight on a
+	// replica, every namespace's together (each namespace may have 2);
+	// over it a run is refused with 503 and Retry-After, so that the runs
+	// under way stay fast. 0: no bound. Default 24.
+	MaxRuns int
 	// AdminToken, when set, is the only way to reset or restart every
 	// namespace at once (all=true) and to see every namespace; without it
 	// anyone may, which Start allows on loopback only: listening beyond it,
@@ -176,6 +181,7 @@ func DefaultConfig() Config {
 		FaultsEnabled:   true,
 		PublicTenant:    "acme",
 		MaxAttendees:    200,
+		MaxRuns:         24,
 		DefaultStore:    "memory",
 		Window:          24 * time.Hour,
 		InFlightWait:    2 * time.Second,
@@ -240,6 +246,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxAttendees < 0 {
 		bad("max attendees must not be negative (got %d)", c.MaxAttendees)
+	}
+	if c.MaxRuns < 0 {
+		bad("max runs must not be negative (got %d)", c.MaxRuns)
 	}
 	for _, d := range []struct {
 		name string

@@ -318,6 +318,72 @@ func TestAttack(t *testing.T) {
 		t.Parallel()
 		attackLostConnections(t)
 	})
+	t.Run("F12_RunsPastTheLimitAreShedNotSlowed", func(t *testing.T) {
+		t.Parallel()
+		attackRunFlood(t)
+	})
+}
+
+// attackRunFlood (F12): a namespace runs two lab runs at once, the lab
+// MaxRuns; one more of the namespace's is a 429, one more of anyone's a
+// 503, both with Retry-After, and neither charges anything; the runs under
+// way hold, and once they end a run is admitted again.
+func attackRunFlood(t *testing.T) {
+	cfg := labConfig(func(c *app.Config) { c.MaxRuns, c.JoinCode = 3, attackJoinCode })
+	a := labtest.Start(t, cfg)
+	base := a.URL()
+	A, B := joinLab(t, base, attackJoinCode), joinLab(t, base, attackJoinCode)
+	run := func(token, key string) *http.Request {
+		req, err := http.NewRequest(http.MethodGet, base+"/charge-idempotent?store=memory&fault=slow&work_ms=2000&attempts=2&key="+key, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		return req
+	}
+	results := flood(t, []*http.Request{run(A.Token, "f12-a-0"), run(A.Token, "f12-a-1"), run(B.Token, "f12-b-0")})
+	labtest.Eventually(t, "three runs in flight", func() bool {
+		inFlight := 0
+		for _, token := range []string{A.Token, B.Token} {
+			for _, k := range stateAs(t, base, token).Stores[memory.Name].Keys {
+				if k.State == lab.KeyInFlight {
+					inFlight++
+				}
+			}
+		}
+		return inFlight == 3
+	})
+	refused := []struct {
+		token, tenant, key, code string
+		status                   int
+	}{
+		{A.Token, A.Tenant, "f12-a-2", "too_many_runs", http.StatusTooManyRequests},
+		{a.Public().Token, a.Public().Tenant, "f12-pub-0", "lab_busy", http.StatusServiceUnavailable},
+	}
+	for _, c := range refused {
+		r := labtest.Do(t, http.MethodGet, run(c.token, c.key).URL.String(), labtest.Bearer(c.token), "")
+		labtest.WantProblem(t, c.key, r, c.status, c.code, "")
+		if r.Header.Get("Retry-After") == "" {
+			t.Errorf("%s: %d without Retry-After", c.key, r.Status)
+		}
+	}
+	for i, s := range <-results {
+		if s.err != nil || s.reply.Status != http.StatusOK {
+			t.Fatalf("run %d under way: %v %d %s", i, s.err, s.reply.Status, s.reply.Body)
+		}
+		if rep := labtest.Decode[experiment.Report](t, s.reply); rep.KeyCharges != 1 {
+			t.Errorf("run %d under way charged its key %d times", i, rep.KeyCharges)
+		}
+	}
+	for _, c := range refused {
+		if n := keyCharges(t, a, c.tenant, memory.Name, c.key); n != 0 {
+			t.Errorf("the refused run %s charged %d times", c.key, n)
+		}
+	}
+	r := labtest.Do(t, http.MethodGet, base+"/charge-idempotent?store=memory&attempts=2&key=f12-pub-1", nil, "")
+	if rep := labtest.Decode[experiment.Report](t, r); r.Status != http.StatusOK || rep.KeyCharges != 1 {
+		t.Errorf("a run once the others ended: %d %s", r.Status, r.Body)
+	}
 }
 
 // attackNamespaces runs findings 1–8 and the closing property against one

@@ -42,6 +42,11 @@ func (s *Service) CheckDesign(ctx context.Context, id tenants.Identity, store la
 		delete(s.checking, id.Namespace)
 		s.mu.Unlock()
 	}()
+	release, err := s.admitRun(id.Namespace)
+	if err != nil {
+		return grade.Report{}, err
+	}
+	defer release()
 	targets, err := s.cfg.Replicas.Targets(ctx, 1)
 	if err != nil {
 		return grade.Report{}, err

@@ -40,7 +40,24 @@ const (
 	// MaxSlowAttempts bounds a namespace's slow attempts in flight on a
 	// replica at once: one run's worth.
 	MaxSlowAttempts = 64
+	// MaxNamespaceRuns bounds a namespace's runs and checks in flight on a
+	// replica: a person fires one at a time, the page two (its comparison).
+	MaxNamespaceRuns = 2
 )
+
+// RunLimitError refuses a run or a check: the namespace has its share in
+// flight (Namespace), or the replica its limit, every namespace's together.
+type RunLimitError struct {
+	Namespace bool
+	Limit     int
+}
+
+func (e *RunLimitError) Error() string {
+	if e.Namespace {
+		return fmt.Sprintf("this namespace already has %d runs in flight on this replica: wait for one to end", e.Limit)
+	}
+	return fmt.Sprintf("the lab is running %d runs at once, its limit (-max-runs); nothing was run: retry after the Retry-After delay", e.Limit)
+}
 
 // SlowLimitError refuses a slow attempt over the namespace's share.
 type SlowLimitError struct{ Limit int }
@@ -103,6 +120,9 @@ type Config struct {
 	// PGFailover is the lab's PostgreSQL pair, where pg_failover runs
 	// charge; nil without one.
 	PGFailover PGFailover
+	// MaxRuns bounds the runs and checks in flight on this replica, every
+	// namespace's together; 0: no bound.
+	MaxRuns int
 }
 
 // PGFailover is the lab's PostgreSQL primary and standby as the charge
@@ -133,6 +153,9 @@ type Service struct {
 	mu   sync.Mutex
 	runs map[lab.Namespace][]experiment.Report // recent runs per namespace, newest last, bounded
 	slow map[lab.Namespace]int                 // slow attempts in flight, per namespace
+	// running counts the runs and checks in flight, per namespace and in all.
+	running      map[lab.Namespace]int
+	runningTotal int
 	// effects and checking mark the namespaces running the effects matrix,
 	// or checking a design, here.
 	effects  map[lab.Namespace]bool
@@ -146,7 +169,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, errors.New("labsvc: runner, books, provider, variants and replicas are required")
 	}
 	return &Service{cfg: cfg, runs: map[lab.Namespace][]experiment.Report{}, slow: map[lab.Namespace]int{},
-		effects: map[lab.Namespace]bool{}, checking: map[lab.Namespace]bool{}, pictures: map[string][]byte{}}, nil
+		running: map[lab.Namespace]int{}, effects: map[lab.Namespace]bool{}, checking: map[lab.Namespace]bool{}, pictures: map[string][]byte{}}, nil
 }
 
 // Replicas are the replicas this service's runs reach.
@@ -204,6 +227,11 @@ func (s *Service) Run(ctx context.Context, spec experiment.Spec, replicas int) (
 	if _, err := s.Store(spec.Store); err != nil {
 		return experiment.Report{}, err
 	}
+	release, err := s.admitRun(spec.Namespace)
+	if err != nil {
+		return experiment.Report{}, err
+	}
+	defer release()
 	targets, err := s.cfg.Replicas.Targets(ctx, replicas)
 	if err != nil {
 		return experiment.Report{}, err
@@ -362,6 +390,31 @@ func (s *Service) Effects(ctx context.Context, id tenants.Identity, progress fun
 		Target: targets[0], Tenant: id.Tenant, Token: id.Token, Namespace: id.Namespace, Stores: stores,
 		Account: DefaultAccount, Amount: DefaultAmount, Progress: progress,
 	})
+}
+
+// admitRun counts a run or a check of ns in, or refuses it
+// (RunLimitError) when the namespace has its share in flight, or the
+// replica its limit: refused, nothing runs, and a shed client comes back
+// after Retry-After while everyone else's runs go on as fast as before.
+func (s *Service) admitRun(ns lab.Namespace) (release func(), err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[ns] >= MaxNamespaceRuns {
+		return nil, &RunLimitError{Namespace: true, Limit: MaxNamespaceRuns}
+	}
+	if s.cfg.MaxRuns > 0 && s.runningTotal >= s.cfg.MaxRuns {
+		return nil, &RunLimitError{Limit: s.cfg.MaxRuns}
+	}
+	s.running[ns]++
+	s.runningTotal++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.runningTotal--
+		if s.running[ns]--; s.running[ns] == 0 {
+			delete(s.running, ns)
+		}
+	}, nil
 }
 
 // AdmitSlow counts a slow attempt of ns in, or refuses it (SlowLimitError)
