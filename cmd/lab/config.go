@@ -34,7 +34,7 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"public-tenant", "LAB_PUBLIC_TENANT", "the tenant whose namespace lab routes act in when the caller sends no token", (*text)(&c.PublicTenant)},
 		{"join-code", "LAB_JOIN_CODE", "code POST /lab/join asks of attendees; empty lets anyone join", (*text)(&c.JoinCode)},
 		{"max-attendees", "LAB_MAX_ATTENDEES", "how many attendees may join", (*integer)(&c.MaxAttendees)},
-		{"max-runs", "LAB_MAX_RUNS", "lab runs and design checks in flight on a replica, every namespace's together (2 each); over it, 503 with Retry-After; 0: no bound", (*integer)(&c.MaxRuns)},
+		{"max-runs", "LAB_MAX_RUNS", "lab runs, design checks and matrices in flight on a replica, every namespace's together (2 each); over it, 503 with Retry-After; 0: no bound", (*integer)(&c.MaxRuns)},
 		{"admin-token", "LAB_ADMIN_TOKEN", "token (as Authorization: Bearer) to reset, restart and see every namespace; empty lets anyone on loopback, and beyond it the lab draws one and prints it", (*text)(&c.AdminToken)},
 		{"faults", "LAB_FAULTS", "fault injection, on or off", (*onOff)(&c.FaultsEnabled)},
 		{"default-store", "LAB_DEFAULT_STORE", "store of POST /charges without ?store= and of /charge-idempotent", (*storeName)(&c.DefaultStore)},

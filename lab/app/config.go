@@ -45,7 +45,7 @@ type Config struct {
 	JoinCode string
 	// MaxAttendees bounds how many may join. Default 200.
 	MaxAttendees int
-	// MaxRuns bounds the lab runs and design checks in flight on a
+	// MaxRuns bounds the lab runs, design checks and matrices in flight on a
 	// replica, every namespace's together (each namespace may have 2);
 	// over it a run is refused with 503 and Retry-After, so that the runs
 	// under way stay fast. 0: no bound. Default 24.

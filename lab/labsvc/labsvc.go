@@ -40,7 +40,7 @@ const (
 	// MaxSlowAttempts bounds a namespace's slow attempts in flight on a
 	// replica at once: one run's worth.
 	MaxSlowAttempts = 64
-	// MaxNamespaceRuns bounds a namespace's runs and checks in flight on a
+	// MaxNamespaceRuns bounds a namespace's runs, checks and matrices in flight on a
 	// replica: a person fires one at a time, the page two (its comparison).
 	MaxNamespaceRuns = 2
 )
@@ -311,6 +311,11 @@ func (s *Service) Matrix(ctx context.Context, id tenants.Identity, progress func
 	if n := s.cfg.Replicas.MaxReplicas(); n < 3 {
 		return experiment.Matrix{}, lab.Invalid("replicas", "the matrix needs 3 replicas; this server has %d", n)
 	}
+	release, err := s.admitRun(id.Namespace) // a matrix is one run for the limits: its cells run one at a time
+	if err != nil {
+		return experiment.Matrix{}, err
+	}
+	defer release()
 	second := id.Second()
 	m, err := s.cfg.Runner.RunMatrix(ctx, experiment.MatrixRequest{
 		Stores: s.cfg.Variants.Names(),
@@ -382,6 +387,11 @@ func (s *Service) Effects(ctx context.Context, id tenants.Identity, progress fun
 		delete(s.effects, id.Namespace)
 		s.mu.Unlock()
 	}()
+	release, err := s.admitRun(id.Namespace)
+	if err != nil {
+		return experiment.EffectMatrix{}, err
+	}
+	defer release()
 	targets, err := s.cfg.Replicas.Targets(ctx, 1)
 	if err != nil {
 		return experiment.EffectMatrix{}, err
