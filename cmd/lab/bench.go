@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/url"
 	"os"
 	"regexp"
@@ -146,29 +147,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// Without DATABASE_URL the lab would start its throwaway cluster out of
 	// sight; started here, pgbench can reach the same server.
 	embedded := false
-	if external && m.Config.DatabaseURL == "" && m.Config.EmbedPostgres && needs(m.Config.Variants, stores, variant.NeedPostgres) {
-		if _, err := throwaway.Find(); err == nil {
-			cluster, err := throwaway.Start(ctx, log)
-			if err == nil {
-				defer func() { _ = cluster.Close() }()
-				m.Config.DatabaseURL, embedded = cluster.URL(), true
-			}
-		}
+	if external && needs(m.Config.Variants, stores, variant.NeedPostgres) {
+		var stop func()
+		stop, embedded = ownPostgres(ctx, &m.Config, log)
+		defer stop()
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		if m.Config.DatabaseURL != "" && !embedded && m.Config.PGSchema == scratchSchema {
-			if err := dropSchema(cctx, m.Config.DatabaseURL, scratchSchema); err != nil {
-				log.Warn("the bench's scratch schema stays", "schema", scratchSchema, "err", err)
-			}
-		}
-		if m.Config.RedisURL != "" && m.Config.RedisPrefix == scratchPrefix {
-			if err := deleteKeys(cctx, m.Config.RedisURL, scratchPrefix); err != nil {
-				log.Warn("the bench's Redis keys stay", "prefix", scratchPrefix, "err", err)
-			}
-		}
-	}()
+	defer dropScratch(ctx, m.Config, embedded, scratchSchema, scratchPrefix, log)
 
 	a, err := app.Start(ctx, m.Config)
 	if err != nil {
@@ -197,7 +181,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			DropConnections: a.DropConnections, HoldDelivery: a.HoldDelivery},
 		ID: id, Duration: f.duration, Connections: f.connections, Stores: stores, Replicas: replicas,
 		Echo: f.ceilings, External: external, DatabaseURL: m.Config.DatabaseURL, RedisURL: m.Config.RedisURL, RedisPrefix: m.Config.RedisPrefix,
-		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, SustainedSearch: f.search, Command: reproduce(args, os.LookupEnv),
+		AttemptRuns: f.attemptRuns, Repeat: f.repeat, Sustained: sustained, SustainedSearch: f.search, Command: reproduce("bench", args, os.LookupEnv),
 		Progress: func(done, total int, label string) {
 			if bar.tty {
 				bar.show(done, total, label)
@@ -300,6 +284,42 @@ func needs(vs []variant.Variant, chosen []lab.StoreName, n variant.Need) bool {
 	return false
 }
 
+// ownPostgres starts the throwaway PostgreSQL cluster here when the lab
+// has no DATABASE_URL and would start one out of sight, so that the
+// command can reach the lab's server too; stop stops it.
+func ownPostgres(ctx context.Context, c *app.Config, log *slog.Logger) (stop func(), started bool) {
+	if c.DatabaseURL != "" || !c.EmbedPostgres {
+		return func() {}, false
+	}
+	if _, err := throwaway.Find(); err != nil {
+		return func() {}, false
+	}
+	cluster, err := throwaway.Start(ctx, log)
+	if err != nil {
+		return func() {}, false
+	}
+	c.DatabaseURL = cluster.URL()
+	return func() { _ = cluster.Close() }, true
+}
+
+// dropScratch removes the scratch schema and Redis prefix a command's lab
+// used, unless -pg-schema or -redis-prefix named others; a throwaway
+// server's (embedded) go with it.
+func dropScratch(ctx context.Context, c app.Config, embedded bool, schema, prefix string, log *slog.Logger) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if c.DatabaseURL != "" && !embedded && c.PGSchema == schema {
+		if err := dropSchema(cctx, c.DatabaseURL, schema); err != nil {
+			log.Warn("the scratch schema stays", "schema", schema, "err", err)
+		}
+	}
+	if c.RedisURL != "" && c.RedisPrefix == prefix {
+		if err := deleteKeys(cctx, c.RedisURL, prefix); err != nil {
+			log.Warn("the scratch Redis keys stay", "prefix", prefix, "err", err)
+		}
+	}
+}
+
 func dropSchema(ctx context.Context, dbURL, schema string) error {
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
@@ -329,7 +349,7 @@ func deleteKeys(ctx context.Context, redisURL, prefix string) error {
 	return nil
 }
 
-func writeJSONFile(path string, res *bench.Result) error {
+func writeJSONFile(path string, res interface{ WriteJSON(io.Writer) error }) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return fmt.Errorf("error creating %s: %w", path, err)
@@ -353,10 +373,10 @@ func secretSetting(flag string) bool {
 	return false
 }
 
-// reproduce is the command line that runs this bench again: the lab's
+// reproduce is the command line that runs this bench (or load) again: the lab's
 // environment variables that are set, then the arguments, with secrets
 // and URL passwords hidden.
-func reproduce(args []string, lookup func(string) (string, bool)) string {
+func reproduce(command string, args []string, lookup func(string) (string, bool)) string {
 	var c app.Config
 	var level string
 	var parts []string
@@ -371,7 +391,7 @@ func reproduce(args []string, lookup func(string) (string, bool)) string {
 			parts = append(parts, s.env+"="+shellQuote(redactURL(v)))
 		}
 	}
-	parts = append(parts, "go", "run", "./cmd/lab", "bench")
+	parts = append(parts, "go", "run", "./cmd/lab", command)
 	hide := false
 	for _, a := range args {
 		name, _, hasValue := strings.Cut(a, "=")

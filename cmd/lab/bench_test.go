@@ -110,7 +110,7 @@ func TestBenchSmoke(t *testing.T) {
 func TestBenchMarkdownReproduces(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": "postgres://lab:s3cret@db:5432/x?sslmode=disable", "LAB_ADMIN_TOKEN": "hush"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	got := reproduce([]string{"-duration", "3s", "-markdown", "-webhook-secret", "w", "-redis-url=redis://:pw@r:6379/0", "-stores", "redis+postgres"}, lookup)
+	got := reproduce("bench", []string{"-duration", "3s", "-markdown", "-webhook-secret", "w", "-redis-url=redis://:pw@r:6379/0", "-stores", "redis+postgres"}, lookup)
 	for _, s := range []string{"s3cret", "hush", " w ", ":pw@"} {
 		if strings.Contains(got, s) {
 			t.Errorf("%q shows %q", got, s)

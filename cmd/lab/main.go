@@ -5,6 +5,7 @@
 //	lab proxy [flags]     round-robin front for a cluster of replicas
 //	lab provider [flags]  the simulated payment provider, alone
 //	lab bench [flags]     load every store's charge path and compare it with its ceilings
+//	lab load [flags]      a workshop of simulated attendees on one lab, measured and checked
 //	lab health [-url]     exit 0 when the URL answers 200 (container health check)
 //	lab check-history F   check a recorded history for linearizability
 //	lab check -target U   check any Idempotency-Key API over HTTP, case by case
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runMatrix(ctx, args, stdout, stderr)
 	case "bench":
 		return runBench(ctx, args, stdout, stderr)
+	case "load":
+		return runLoad(ctx, args, stdout, stderr)
 	case "proxy":
 		return runProxy(ctx, args, stderr)
 	case "provider":
@@ -82,6 +85,10 @@ const commands = `usage:
   lab bench [flags]     load every store's charge path over HTTP (fresh and replayed keys,
                         1 and 3 replicas), check the ledger, compare with pgbench,
                         redis-benchmark and a bare Echo handler (-smoke, -json, -markdown)
+  lab load [flags]      a workshop on one lab: simulated attendees (-attendees 30), each joined,
+                        walking the README's path with think time; per step and route p50/p95/p99,
+                        fairness, the matrix under load, CPU, memory, PostgreSQL connections and
+                        the checks (-smoke, -url, -json, -markdown)
   lab proxy [flags]     round-robin, health-checked front for several replicas
   lab provider [flags]  the simulated payment provider alone (captures, receipts,
                         faults, signed webhooks); point the lab at it with -provider-url

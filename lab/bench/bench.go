@@ -147,6 +147,10 @@ type Host struct {
 	OS         string `json:"os"`
 }
 
+func hostNow() Host {
+	return Host{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+}
+
 // Skip is a store or a path not measured, and why.
 type Skip struct {
 	Store  lab.StoreName `json:"store"`
@@ -295,7 +299,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	res := &Result{
 		ID: cfg.ID, Command: cfg.Command, Started: time.Now().UTC(), Duration: cfg.Duration, Connections: cfg.Connections,
-		Replicas: cfg.Replicas, Repeat: cfg.Repeat, Host: Host{CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH},
+		Replicas: cfg.Replicas, Repeat: cfg.Repeat, Host: hostNow(),
 	}
 	b := &bencher{cfg: cfg, client: client, res: res}
 	for _, st := range stores {
