@@ -44,7 +44,7 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"sweep-interval", "LAB_SWEEP_INTERVAL", "how often expired keys are swept", (*duration)(&c.SweepInterval)},
 		{"relay-workers", "LAB_RELAY_WORKERS", "outbox relay workers per process, each claiming its own batch; the least there are", (*integer)(&c.Relay.Workers)},
 		{"relay-max-workers", "LAB_RELAY_MAX_WORKERS", "the most outbox relay workers per process: full claims add workers up to it, idle ones stop", (*integer)(&c.Relay.MaxWorkers)},
-		{"relay-concurrency", "LAB_RELAY_CONCURRENCY", "deliveries of one worker's batch in flight at once", (*integer)(&c.Relay.Concurrency)},
+		{"relay-concurrency", "LAB_RELAY_CONCURRENCY", "deliveries of one worker in flight at once", (*integer)(&c.Relay.Concurrency)},
 		{"relay-max-attempts", "LAB_RELAY_MAX_ATTEMPTS", "delivery attempts before an outbox event is dead", (*integer)(&c.Relay.MaxAttempts)},
 		{"relay-base-backoff", "LAB_RELAY_BASE_BACKOFF", "first retry delay of a failed delivery, doubled per attempt, with jitter", (*duration)(&c.Relay.BaseBackoff)},
 		{"relay-max-backoff", "LAB_RELAY_MAX_BACKOFF", "cap of the retry delay of a failed delivery", (*duration)(&c.Relay.MaxBackoff)},

@@ -8,7 +8,10 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/inmem"
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/relay"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // gathering holds every delivery until width of them are in flight at once,
@@ -74,5 +77,64 @@ func TestABatchIsDeliveredConcurrently(t *testing.T) {
 				t.Errorf("counts %+v", r.Counts())
 			}
 		})
+	}
+}
+
+// withholding holds the delivery of one event until released, as a
+// provider that withholds its answer does; every other passes.
+type withholding struct {
+	relay.Receiver
+	charge  string
+	held    chan struct{} // closed when the held delivery has started
+	release chan struct{}
+	once    sync.Once
+}
+
+func (w *withholding) Deliver(ctx context.Context, e lab.Event) (bool, error) {
+	if e.ChargeID == w.charge {
+		w.once.Do(func() { close(w.held) })
+		select {
+		case <-w.release:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
+	}
+	return w.Receiver.Deliver(ctx, e)
+}
+
+// TestAWithheldDeliveryHoldsOnlyItsSlot: while a worker's delivery waits
+// on a provider that withholds its answer, the events charged after it are
+// claimed and delivered by the same worker: it claims again once its batch
+// has started, not once every delivery of it has ended. Then the withheld
+// one is delivered too, each event once.
+func TestAWithheldDeliveryHoldsOnlyItsSlot(t *testing.T) {
+	t.Parallel()
+	c := labtest.NewClock(time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC))
+	b := inmem.NewBooks(c.Now)
+	recv := newReceiver(t, b)
+	slow := chargeCents(t, b, c, "k-withheld", 100)
+	w := &withholding{Receiver: recv, charge: slow.ChargeID, held: make(chan struct{}), release: make(chan struct{})}
+	cfg := relay.Defaults()
+	cfg.Workers, cfg.MaxWorkers, cfg.Interval = 1, 1, 5*time.Millisecond
+	cfg.Signals.Ticked = testsignal.New()
+	r := newRelayWith(t, b, w, c, cfg)
+	ctx, cancel := context.WithCancel(t.Context())
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		r.Run(ctx)
+	}()
+	defer func() { cancel(); <-stopped }()
+	<-w.held
+	for i := range 5 {
+		chargeCents(t, b, c, fmt.Sprintf("k-after-%d", i), 100)
+	}
+	cfg.Signals.Ticked.WaitUntil(t, "the five charged after delivered beside the withheld one", func() bool {
+		return r.Counts().Delivered == 5
+	})
+	close(w.release)
+	cfg.Signals.Ticked.WaitUntil(t, "the withheld one delivered", func() bool { return r.Counts().Delivered == 6 })
+	if unique, deliveries, err := recv.receipts(t.Context(), "run-relay"); err != nil || unique != 6 || deliveries != 6 {
+		t.Errorf("receipts %d from %d deliveries (%v), want 6 from 6", unique, deliveries, err)
 	}
 }

@@ -51,7 +51,7 @@ type Settings struct {
 	// largest it ever had.
 	Workers    int
 	MaxWorkers int
-	// Concurrency bounds the deliveries of one batch in flight at once: a
+	// Concurrency bounds one worker's deliveries in flight at once: a
 	// delivery waits mostly on the provider (its capture, then its webhooks
 	// back), so one at a time leaves the relay far behind the charges.
 	Concurrency int
@@ -91,8 +91,9 @@ type Config struct {
 // Signals are the points of a relay a test can wait on, instead of
 // sleeping (see lab/testsignal).
 type Signals struct {
-	// Ticked: a worker's turn is over, its batch delivered and recorded,
-	// or skipped while the relay is held.
+	// Ticked: a worker's turn is over, its batch handed to its
+	// deliveries, or skipped while the relay is held; and a worker's
+	// delivery is recorded.
 	Ticked testsignal.Signal
 }
 
@@ -210,17 +211,29 @@ func (c *crew) shrink(stopping bool) bool {
 	return true
 }
 
-// work is one worker: a claim, its deliveries, then the next claim at
-// once when this one was full, or after the next tick.
+// work is one worker: a claim, its deliveries handed to the worker's
+// Concurrency slots, then the next claim at once when this one was full,
+// or after the next tick. The next claim does not wait for the last
+// deliveries of this one: a provider that withholds its answer holds one
+// slot for its timeout, not every event behind it.
 func (r *Relay) work(ctx context.Context, c *crew) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	slots := make(chan struct{}, r.cfg.Concurrency)
+	var inFlight sync.WaitGroup
+	defer inFlight.Wait() // a stopping worker's deliveries end before it does
+	done := func(_ bool, err error) {
+		if err != nil && ctx.Err() == nil {
+			r.cfg.Logger.WarnContext(ctx, "outbox delivery failed", "err", err)
+		}
+		r.cfg.Signals.Ticked.Signal()
+	}
 	full := 0 // full claims in a row
 	for {
 		claimed := 0
 		if !r.held.Load() {
 			var err error
-			if claimed, _, err = r.tick(ctx); err != nil && ctx.Err() == nil {
+			if claimed, err = r.dispatch(ctx, slots, &inFlight, done); err != nil && ctx.Err() == nil {
 				r.cfg.Logger.WarnContext(ctx, "outbox relay tick failed", "err", err)
 			}
 		}
@@ -254,46 +267,48 @@ func (r *Relay) work(ctx context.Context, c *crew) {
 // never counted as delivered, and an event whose completion failed stays
 // pending until its lease ends.
 func (r *Relay) Tick(ctx context.Context) (int, error) {
-	_, delivered, err := r.tick(ctx)
-	return delivered, err
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		delivered int
+		errs      []error
+	)
+	_, err := r.dispatch(ctx, make(chan struct{}, r.cfg.Concurrency), &wg, func(ok bool, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if ok {
+			delivered++
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	})
+	wg.Wait()
+	return delivered, errors.Join(append(errs, err)...)
 }
 
-// tick is Tick, reporting also how many events it claimed.
-func (r *Relay) tick(ctx context.Context) (claimed, delivered int, err error) {
+// dispatch claims one batch of due events and starts each one's delivery
+// as a slot frees, reporting each to done; it returns once every event has
+// started, with how many it claimed.
+func (r *Relay) dispatch(ctx context.Context, slots chan struct{}, wg *sync.WaitGroup, done func(delivered bool, err error)) (int, error) {
 	events, err := r.cfg.Outbox.ClaimDue(ctx, r.cfg.Batch, r.cfg.Lease)
 	if err != nil {
-		return 0, 0, fmt.Errorf("error claiming outbox events: %w", err)
+		return 0, fmt.Errorf("error claiming outbox events: %w", err)
 	}
-	var (
-		wg   sync.WaitGroup
-		mu   sync.Mutex
-		errs []error
-	)
-	slots := make(chan struct{}, r.cfg.Concurrency)
 	for _, ev := range events {
 		select {
 		case slots <- struct{}{}:
 		case <-ctx.Done():
 			// Stopping: the events not started stay claimed until their
 			// lease ends, then are delivered again.
-			wg.Wait()
-			return len(events), delivered, errors.Join(append(errs, ctx.Err())...)
+			return len(events), ctx.Err()
 		}
 		wg.Go(func() {
 			defer func() { <-slots }()
-			ok, err := r.deliver(ctx, ev)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil:
-				errs = append(errs, err)
-			case ok:
-				delivered++
-			}
+			done(r.deliver(ctx, ev))
 		})
 	}
-	wg.Wait()
-	return len(events), delivered, errors.Join(errs...)
+	return len(events), nil
 }
 
 // deliver sends one claimed event and completes it under the claim's fence.
