@@ -48,7 +48,7 @@ type Config struct {
 	// MaxRuns bounds the lab runs, design checks and matrices in flight on a
 	// replica, every namespace's together (each namespace may have 2);
 	// over it a run is refused with 503 and Retry-After, so that the runs
-	// under way stay fast. 0: no bound. Default 24.
+	// under way stay fast. 0: no bound. Default 16: what the default PostgreSQL pool (20 per replica) serves without running out, measured under a workshop load (docs/configuration.md).
 	MaxRuns int
 	// AdminToken, when set, is the only way to reset or restart every
 	// namespace at once (all=true) and to see every namespace; without it
@@ -181,7 +181,7 @@ func DefaultConfig() Config {
 		FaultsEnabled:   true,
 		PublicTenant:    "acme",
 		MaxAttendees:    200,
-		MaxRuns:         24,
+		MaxRuns:         16,
 		DefaultStore:    "memory",
 		Window:          24 * time.Hour,
 		InFlightWait:    2 * time.Second,

@@ -95,8 +95,11 @@ type WorkshopResult struct {
 	// a ledger row of another tenant, an unexpected status, a 5xx.
 	Wrong []string `json:"wrong,omitempty"`
 	// Shed counts the refusals with Retry-After (429, 503 lab_busy) that
-	// the attendees waited out and retried; Unannounced those without it.
+	// the attendees waited out and retried; GaveUp the steps an attendee
+	// gave up after maxRetries of them in a row; Unannounced refusals
+	// without Retry-After.
 	Shed        int `json:"shed"`
+	GaveUp      int `json:"steps_given_up"`
 	Unannounced int `json:"refused_without_retry_after"`
 	FiveXX      int `json:"status_5xx"`
 }
@@ -429,7 +432,17 @@ func (w *workshop) do(ctx context.Context, a *attendee, round int, s pathStep, r
 			return answer{}, err
 		}
 		refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && problemCode(body) == "lab_busy"
-		if refused && h.Get("Retry-After") != "" && try < maxRetries {
+		announced := refused && h.Get("Retry-After") != ""
+		if announced && try == maxRetries && a.n >= 0 {
+			// Refused every time, as announced: the attendee gives the
+			// step up, as a person would, and goes on.
+			if recorded {
+				w.record(s, status, took, true)
+				w.count(func() { w.res.GaveUp++ })
+			}
+			return answer{status: status}, nil
+		}
+		if announced && try < maxRetries {
 			if recorded {
 				w.record(s, status, took, true)
 			}

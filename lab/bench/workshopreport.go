@@ -93,7 +93,8 @@ func (r *WorkshopResult) notes() []string {
 	} else {
 		out = append(out, "PostgreSQL connections: not measured (no DATABASE_URL to read pg_stat_activity from).")
 	}
-	out = append(out, fmt.Sprintf("Shed: %d refusals with Retry-After, waited out and retried; %d without it; %d answers 5xx.", r.Shed, r.Unannounced, r.FiveXX))
+	out = append(out, fmt.Sprintf("Shed: %d refusals with Retry-After, waited out and retried, %d steps given up after %d of them in a row; %d refusals without Retry-After; %d answers 5xx.",
+		r.Shed, r.GaveUp, maxRetries, r.Unannounced, r.FiveXX))
 	verdicts := make([]string, 0, len(r.Alone))
 	for _, k := range slices.Sorted(maps.Keys(r.Alone)) {
 		verdicts = append(verdicts, fmt.Sprintf("%s %s", k, r.Alone[k]))
