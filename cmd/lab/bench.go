@@ -142,7 +142,6 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	m.Config.Logger = log
-	m.Config.Addr = "127.0.0.1:0"
 
 	// Without DATABASE_URL the lab would start its throwaway cluster out of
 	// sight; started here, pgbench can reach the same server.
@@ -154,15 +153,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer dropScratch(ctx, m.Config, embedded, scratchSchema, scratchPrefix, log)
 
-	a, err := app.Start(ctx, m.Config)
+	a, stopLab, err := startOwnLab(ctx, m.Config)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
-		defer cancel()
-		_ = a.Close(sctx)
-	}()
+	defer stopLab()
 	if f.cpuProfile != "" {
 		stop, err := startCPUProfile(f.cpuProfile)
 		if err != nil {

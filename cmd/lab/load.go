@@ -12,7 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/bench"
 )
 
@@ -96,21 +95,16 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cfg.URL = strings.TrimSuffix(*remote, "/")
 	} else {
 		m.Config.Logger = log
-		m.Config.Addr = "127.0.0.1:0"
 		m.Config.FaultsEnabled = true
 		// Started here, the throwaway PostgreSQL's connections can be counted.
-		stop, embedded := ownPostgres(ctx, &m.Config, log)
-		defer stop()
+		stopPG, embedded := ownPostgres(ctx, &m.Config, log)
+		defer stopPG()
 		defer dropScratch(ctx, m.Config, embedded, scratchSchema, scratchPrefix, log)
-		a, err := app.Start(ctx, m.Config)
+		a, stop, err := startOwnLab(ctx, m.Config)
 		if err != nil {
 			return err
 		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
-			defer cancel()
-			_ = a.Close(sctx)
-		}()
+		defer stop()
 		cfg.URL, cfg.InProcess = a.URL(), true
 	}
 	if m.Config.DatabaseURL != "" {

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
 )
 
@@ -50,17 +49,12 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	m.Config.Logger = log
-	m.Config.Addr = "127.0.0.1:0"
 	m.Config.FaultsEnabled = true
-	a, err := app.Start(ctx, m.Config)
+	a, stop, err := startOwnLab(ctx, m.Config)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-		defer cancel()
-		_ = a.Close(sctx)
-	}()
+	defer stop()
 	mx, err := a.Service().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, cell experiment.Cell) {
 		bar.show(done, total, c.Name+" / "+string(cell.Store))
 	})

@@ -100,3 +100,18 @@ func env(name, def string) string {
 	}
 	return def
 }
+
+// startOwnLab starts a lab of the command's own on a free loopback port, and
+// the function that closes it, within shutdownGrace, when the command ends.
+func startOwnLab(ctx context.Context, cfg app.Config) (*app.App, func(), error) {
+	cfg.Addr = "127.0.0.1:0"
+	a, err := app.Start(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return a, func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
+		defer cancel()
+		_ = a.Close(sctx)
+	}, nil
+}
