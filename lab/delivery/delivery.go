@@ -1,7 +1,8 @@
 // Package delivery carries a charge's effects to the payment provider over
-// HTTP: the capture, keyed so that a redelivery is a replay at the
-// provider, then the receipt, deduplicated there by event id. The relay
-// uses it for outbox events; a design without an outbox sends directly.
+// HTTP in one request: the capture, keyed so that a redelivery is a replay
+// at the provider, and with it the receipt, deduplicated there by event
+// id. The relay uses it for outbox events; a design without an outbox
+// sends directly.
 package delivery
 
 import (
@@ -26,7 +27,7 @@ func New(client *provider.Client, captures lab.CaptureRecorder) *Courier {
 	return &Courier{client: client, captures: captures}
 }
 
-// Deliver captures the event's charge and sends its receipt; it reports
+// Deliver captures the event's charge with its receipt; it reports
 // whether the provider had the receipt already. Any failure leaves the
 // event to be delivered again, which the provider deduplicates: by the
 // capture's key when it is derived from the charge, and by the event id.
@@ -40,14 +41,14 @@ func (p *Courier) Deliver(ctx context.Context, e lab.Event) (bool, error) {
 	if e.Attempts <= 1 { // the first delivery suffers the run's provider fault; redeliveries do not
 		fault = d.ProviderFault
 	}
-	_, dup, err := p.send(ctx, e, key, "outbox", fault)
-	return dup, err
+	c, err := p.capture(ctx, e, key, provider.ViaOutbox, fault, true)
+	return c.ReceiptDuplicate, err
 }
 
-// SendDirect captures and sends the receipt at once, outside any
-// transaction, with a key of its own: what a design without an outbox does.
+// SendDirect captures with the receipt at once, outside any transaction,
+// with a key of its own: what a design without an outbox does.
 func (p *Courier) SendDirect(ctx context.Context, e lab.Event) error {
-	_, _, err := p.send(ctx, e, "direct_"+uuid.NewString(), "direct", e.Effects().ProviderFault)
+	_, err := p.capture(ctx, e, "direct_"+uuid.NewString(), provider.ViaDirect, e.Effects().ProviderFault, true)
 	return err
 }
 
@@ -55,35 +56,27 @@ func (p *Courier) SendDirect(ctx context.Context, e lab.Event) error {
 // from it, and records the capture; the receipt is left to the outbox. A
 // second call for the charge is a replay at the provider.
 func (p *Courier) CaptureInline(ctx context.Context, e lab.Event, providerFault string) (string, error) {
-	return p.capture(ctx, e, lab.DerivedCaptureKey(e.ChargeID), provider.ViaDirect, providerFault)
+	c, err := p.capture(ctx, e, lab.DerivedCaptureKey(e.ChargeID), provider.ViaDirect, providerFault, false)
+	return c.ID, err
 }
 
-// send captures (see capture), then sends the receipt.
-func (p *Courier) send(ctx context.Context, e lab.Event, key, via, fault string) (string, bool, error) {
-	id, err := p.capture(ctx, e, key, via, fault)
-	if err != nil {
-		return "", false, err
-	}
-	dup, err := p.client.Receipt(ctx, provider.ReceiptRequest{EventID: e.ID, ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, Via: via}, "")
-	if err != nil {
-		return "", false, fmt.Errorf("error sending the receipt of charge %s: %w", e.ChargeID, err)
-	}
-	return id, dup, nil
-}
-
-// capture captures under key and records the capture the provider
-// answered; a failure leaves the capture to be made again, which the
-// provider replays when the key is the same.
-func (p *Courier) capture(ctx context.Context, e lab.Event, key, via, fault string) (string, error) {
+// capture captures under key, with the event's receipt when asked, and
+// records the capture the provider answered; a failure leaves the capture
+// to be made again, which the provider replays when the key is the same.
+func (p *Courier) capture(ctx context.Context, e lab.Event, key, via, fault string, withReceipt bool) (provider.Captured, error) {
 	d := e.Effects()
-	c, _, err := p.client.Capture(ctx, key, provider.CaptureRequest{
+	req := provider.CaptureRequest{
 		ChargeID: e.ChargeID, Namespace: string(e.Namespace), Tenant: e.Tenant, Run: e.Run, AmountCents: d.AmountCents, Currency: d.Currency, Via: via,
-	}, fault)
+	}
+	if withReceipt {
+		req.EventID = e.ID
+	}
+	c, err := p.client.Capture(ctx, key, req, fault)
 	if err != nil {
-		return "", fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
+		return c, fmt.Errorf("error capturing charge %s at the provider: %w", e.ChargeID, err)
 	}
 	if err := p.captures.RecordCapture(ctx, e.Namespace, e.ChargeID, e.Tenant, c.ID); err != nil {
-		return "", fmt.Errorf("error recording the capture of charge %s: %w", e.ChargeID, err)
+		return c, fmt.Errorf("error recording the capture of charge %s: %w", e.ChargeID, err)
 	}
-	return c.ID, nil
+	return c, nil
 }

@@ -215,7 +215,7 @@ func TestWebhookMustMatchItsCharge(t *testing.T) {
 
 	// A declined capture ahead of the relay, under another key.
 	ahead := chargeRun(t, a, "run-ahead", "k-ahead", 1_000_000)
-	stray, _, err := a.Provider().Capture(ctx, "not-the-relay", provider.CaptureRequest{ChargeID: ahead.ID, Namespace: "acme", Tenant: "acme", Run: "run-ahead",
+	stray, err := a.Provider().Capture(ctx, "not-the-relay", provider.CaptureRequest{ChargeID: ahead.ID, Namespace: "acme", Tenant: "acme", Run: "run-ahead",
 		AmountCents: 1_000_000, Currency: "USD", Via: provider.ViaOutbox}, "decline")
 	if err != nil || stray.Status != provider.StatusFailed {
 		t.Fatalf("the stray capture: %+v, %v", stray, err)

@@ -82,7 +82,7 @@ func EffectDesigns() []EffectDesign {
 			},
 			why: map[string]string{
 				caseProviderDown:     "the call failed and nothing remembers it: the charge stands, never captured, no receipt",
-				caseResponseLost:     "the call timed out after the provider captured; nothing retries it, so the receipt that came after it never went out",
+				caseResponseLost:     "the call timed out after the provider captured; nothing retries it, and the lab never learned the capture: its webhooks cannot be placed",
 				caseSentThenReverted: "the provider was called inside the write that then failed: it captured a charge the ledger rolled back, and the retry was captured again",
 			}},
 		{Name: DesignOutboxRandom, Title: "outbox, a random key per delivery", Transport: "outbox", RandomKey: true,

@@ -59,8 +59,9 @@ func micro(t time.Time) time.Time { return t.UTC().Truncate(time.Microsecond) }
 // update counts a replay only when the fingerprints agree; otherwise no
 // row comes back, which is how a reused key shows. The webhooks are
 // inserted only when the capture row that comes back is c itself: when it
-// applied.
-func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook) (provider.Capture, bool, error) {
+// applied. The receipt, when there is one, is recorded by the same
+// statement when a capture row comes back.
+func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook, receipt *provider.Receipt) (provider.Captured, error) {
 	var (
 		seqs                        []int32
 		ids, types, bodies          []string
@@ -71,6 +72,10 @@ func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture, hooks
 		seqs, ids, types, bodies = append(seqs, int32(h.Seq)), append(ids, h.EventID), append(types, h.Type), append(bodies, string(h.Body))
 		forged = append(forged, h.Forged)
 		nextAt, giveUpAt, createdAt = append(nextAt, micro(h.NextAttempt)), append(giveUpAt, micro(h.GiveUpAt)), append(createdAt, micro(h.CreatedAt))
+	}
+	var rc provider.Receipt
+	if receipt != nil {
+		rc = *receipt
 	}
 	rows, err := r.pool.Query(ctx, `
 		WITH c AS (
@@ -87,21 +92,35 @@ func (r *ProviderRecords) Capture(ctx context.Context, c provider.Capture, hooks
 			FROM unnest($12::int[], $13::text[], $14::text[], $15::text[], $16::bool[], $17::timestamptz[], $18::timestamptz[], $19::timestamptz[])
 				AS h(seq, event_id, event_type, body, forged, next_at, give_up_at, created_at)
 			WHERE EXISTS (SELECT 1 FROM c WHERE c.capture_id = $1)
+		), r AS (
+			INSERT INTO provider_receipt_events AS re (event_id, charge_id, tenant_id, run_id, via, first_received_at, last_received_at)
+			SELECT $20, $21, $22, $23, $24, $25, $25 WHERE $20 <> '' AND EXISTS (SELECT 1 FROM c)
+			ON CONFLICT (event_id) DO UPDATE SET deliveries = re.deliveries + 1, last_received_at = EXCLUDED.last_received_at
+			RETURNING deliveries
 		)
-		SELECT `+captureColumns+` FROM c`,
+		SELECT `+captureColumns+`, coalesce((SELECT deliveries FROM r), 0) > 1 FROM c`,
 		c.ID, c.Key, c.ChargeID, c.Tenant, c.Run, c.AmountCents, c.Currency, c.Via, c.Status, c.Fingerprint, micro(c.CreatedAt),
-		seqs, ids, types, bodies, forged, nextAt, giveUpAt, createdAt)
+		seqs, ids, types, bodies, forged, nextAt, giveUpAt, createdAt,
+		rc.EventID, rc.ChargeID, rc.Tenant, rc.Run, rc.Via, micro(rc.ReceivedAt))
 	if err != nil {
-		return provider.Capture{}, false, fmt.Errorf("error recording capture %s: %w", c.ID, err)
+		return provider.Captured{}, fmt.Errorf("error recording capture %s: %w", c.ID, err)
 	}
-	stored, err := pgx.CollectExactlyOneRow(rows, scanCapture)
+	got, err := pgx.CollectExactlyOneRow(rows, func(row pgx.CollectableRow) (provider.Captured, error) {
+		var g provider.Captured
+		s := &g.Capture
+		err := row.Scan(&s.ID, &s.Key, &s.ChargeID, &s.Tenant, &s.Run, &s.AmountCents, &s.Currency, &s.Via, &s.Status,
+			&s.Requests, &s.Fingerprint, &s.CreatedAt, &s.Namespace, &g.ReceiptDuplicate)
+		s.CreatedAt = s.CreatedAt.UTC()
+		return g, err
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return provider.Capture{}, false, provider.ErrKeyMismatch
+		return provider.Captured{}, provider.ErrKeyMismatch
 	case err != nil:
-		return provider.Capture{}, false, fmt.Errorf("error recording capture %s: %w", c.ID, err)
+		return provider.Captured{}, fmt.Errorf("error recording capture %s: %w", c.ID, err)
 	}
-	return stored, stored.ID != c.ID, nil
+	got.Replayed = got.ID != c.ID
+	return got, nil
 }
 
 // webhookColumns follow a webhook's key (capture_id, seq) in what

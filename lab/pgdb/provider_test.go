@@ -44,7 +44,7 @@ func TestProviderMigrateTwice(t *testing.T) {
 	pools, schema := providerPools(t, 1)
 	ctx := context.Background()
 	r := pgdb.NewProviderRecords(pools[0])
-	if _, _, err := r.Capture(ctx, providerCapture("acme~2", "k1", time.Now()), nil); err != nil {
+	if _, err := r.Capture(ctx, providerCapture("acme~2", "k1", time.Now()), nil, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := pgdb.Migrate(ctx, pools[0], schema); err != nil {
@@ -75,7 +75,8 @@ func TestProviderCaptureAcrossReplicas(t *testing.T) {
 		wg.Go(func() {
 			<-start
 			r := replicas[i%2]
-			_, replayed, err := r.Capture(ctx, providerCapture("acme", "race", at), nil)
+			cp, err := r.Capture(ctx, providerCapture("acme", "race", at), nil, nil)
+			replayed := cp.Replayed
 			if err != nil {
 				t.Errorf("Capture: %v", err)
 				return
@@ -114,7 +115,7 @@ func TestProviderResetKeepsOthers(t *testing.T) {
 	r := pgdb.NewProviderRecords(pools[0])
 	ctx := context.Background()
 	for _, tenant := range []string{"acme", "acme~2", "acme-2", "acmeco"} {
-		if _, _, err := r.Capture(ctx, providerCapture(tenant, "k", time.Now()), nil); err != nil {
+		if _, err := r.Capture(ctx, providerCapture(tenant, "k", time.Now()), nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -149,7 +150,7 @@ func TestProviderWebhooksClaimedOnce(t *testing.T) {
 			hooks = append(hooks, provider.Webhook{Seq: seq, EventID: fmt.Sprintf("evt_%d_%d", i, seq), Type: provider.EventCaptureProcessing,
 				Body: []byte(`{}`), NextAttempt: at, GiveUpAt: at.Add(time.Hour), CreatedAt: at})
 		}
-		if _, _, err := replicas[i%2].Capture(ctx, c, hooks); err != nil {
+		if _, err := replicas[i%2].Capture(ctx, c, hooks, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -204,7 +205,7 @@ func TestProviderWebhooksHeldInOrder(t *testing.T) {
 			hooks = append(hooks, provider.Webhook{Seq: seq, EventID: fmt.Sprintf("evt_%s_%d", key, seq), Type: provider.EventCaptureProcessing,
 				Body: []byte(`{}`), NextAttempt: at, GiveUpAt: at.Add(time.Hour), CreatedAt: at})
 		}
-		if _, _, err := r.Capture(ctx, providerCapture("acme", key, at), hooks); err != nil {
+		if _, err := r.Capture(ctx, providerCapture("acme", key, at), hooks, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

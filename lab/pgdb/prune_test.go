@@ -67,7 +67,7 @@ func testProviderPruning(t *testing.T, r prunable) {
 		if c == c3 {
 			n = 1
 		}
-		if _, _, err := r.Capture(ctx, c, hooks(c, n, t0, window)); err != nil {
+		if _, err := r.Capture(ctx, c, hooks(c, n, t0, window), nil); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -54,7 +54,7 @@ func TestReconcileAfterPruning(t *testing.T) {
 		req := provider.CaptureRequest{ChargeID: c.ID, Namespace: "acme", Tenant: "acme", Run: "run-1", AmountCents: cents, Currency: "USD", Via: provider.ViaOutbox}
 		pc := provider.Capture{ID: "cap_" + key, Key: key, ChargeID: c.ID, Namespace: "acme", Tenant: "acme", Run: "run-1", AmountCents: cents,
 			Currency: "USD", Via: provider.ViaOutbox, Status: provider.StatusSucceeded, Fingerprint: req.Fingerprint(), CreatedAt: clock.Now()}
-		if _, _, err := records.Capture(ctx, pc, hooks(pc, 1, clock.Now(), 10*time.Minute)); err != nil {
+		if _, err := records.Capture(ctx, pc, hooks(pc, 1, clock.Now(), 10*time.Minute), nil); err != nil {
 			t.Fatal(err)
 		}
 		if err := books.RecordCapture(ctx, "acme", c.ID, "acme", pc.ID); err != nil {

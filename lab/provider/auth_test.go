@@ -18,7 +18,7 @@ func TestAPIKey(t *testing.T) {
 	t.Parallel()
 	e := setup(t, options{})
 	ctx := context.Background()
-	if _, _, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 1_000_000), ""); err != nil {
+	if _, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 1_000_000), ""); err != nil {
 		t.Fatal(err)
 	}
 	// send makes one request with the given Authorization lines.
@@ -87,6 +87,6 @@ func TestAPIKey(t *testing.T) {
 	}
 	// A client with another key is refused as well.
 	other := provider.NewClient(e.base, "another-key", e.hc)
-	_, _, err = other.Capture(ctx, "attacker-4", captureReq("acme", "ch_1", 1), "")
+	_, err = other.Capture(ctx, "attacker-4", captureReq("acme", "ch_1", 1), "")
 	statusError(t, err, http.StatusUnauthorized, "unauthenticated")
 }

@@ -22,7 +22,7 @@ func TestCapture(t *testing.T) {
 		if r.Status != http.StatusCreated || r.Header.Get(provider.ReplayedHeader) != "" {
 			t.Fatalf("answer %d %v %q; want 201, not replayed", r.Status, r.Header, r.Body)
 		}
-		var got provider.CaptureResponse
+		var got provider.Captured
 		if err := json.Unmarshal(r.Body, &got); err != nil {
 			t.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func TestCapture(t *testing.T) {
 		if r.Status != http.StatusOK || r.Header.Get(provider.ReplayedHeader) != "true" {
 			t.Fatalf("answer %d %v %q; want 200 replayed", r.Status, r.Header, r.Body)
 		}
-		var a, b provider.CaptureResponse
+		var a, b provider.Captured
 		json.Unmarshal(first.Body, &a)
 		json.Unmarshal(r.Body, &b)
 		if !b.Replayed || b.ID != a.ID || b.Requests != 2 || b.Via != provider.ViaOutbox {
@@ -136,7 +136,8 @@ func TestCaptureConcurrent(t *testing.T) {
 			for i := range n {
 				wg.Go(func() {
 					<-start
-					c, again, err := replicas[i%2].client.Capture(context.Background(), "ch_1:capture", captureReq("acme", "ch_1", 700), "")
+					c, err := replicas[i%2].client.Capture(context.Background(), "ch_1:capture", captureReq("acme", "ch_1", 700), "")
+					again := c.Replayed
 					mu.Lock()
 					defer mu.Unlock()
 					var se *provider.StatusError
@@ -241,9 +242,9 @@ func (g *gated) hold(key string) {
 	}
 }
 
-func (g *gated) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook) (provider.Capture, bool, error) {
+func (g *gated) Capture(ctx context.Context, c provider.Capture, hooks []provider.Webhook, r *provider.Receipt) (provider.Captured, error) {
 	g.hold(c.Key)
-	return g.Records.Capture(ctx, c, hooks)
+	return g.Records.Capture(ctx, c, hooks, r)
 }
 
 func (g *gated) Receipt(ctx context.Context, r provider.Receipt) (bool, error) {
@@ -262,17 +263,18 @@ func TestInFlightOverlap(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() {
-			_, replayed, err := e.client.Capture(context.Background(), "slow", captureReq("acme", "ch_1", 100), "")
+			cp, err := e.client.Capture(context.Background(), "slow", captureReq("acme", "ch_1", 100), "")
+			replayed := cp.Replayed
 			done <- result{replayed, err}
 		}()
 		<-g.entered
-		_, _, err := e.client.Capture(context.Background(), "slow", captureReq("acme", "ch_1", 100), "")
+		_, err := e.client.Capture(context.Background(), "slow", captureReq("acme", "ch_1", 100), "")
 		statusError(t, err, http.StatusConflict, "capture_in_progress")
 		// Another key, or the same key of another tenant, is not held up.
-		if _, _, err := e.client.Capture(context.Background(), "fast", captureReq("acme", "ch_2", 100), ""); err != nil {
+		if _, err := e.client.Capture(context.Background(), "fast", captureReq("acme", "ch_2", 100), ""); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := e.client.Capture(context.Background(), "slow", captureReq("globex", "ch_3", 100), ""); err != nil {
+		if _, err := e.client.Capture(context.Background(), "slow", captureReq("globex", "ch_3", 100), ""); err != nil {
 			t.Fatal(err)
 		}
 		close(g.release)
@@ -283,8 +285,8 @@ func TestInFlightOverlap(t *testing.T) {
 			t.Fatalf("in_flight_overlaps %d, want 1", c.InFlightOverlaps)
 		}
 		// Once answered, the key replays.
-		if _, replayed, err := e.client.Capture(context.Background(), "slow", captureReq("acme", "ch_1", 100), ""); err != nil || !replayed {
-			t.Fatalf("after: replayed %v, err %v", replayed, err)
+		if cp, err := e.client.Capture(context.Background(), "slow", captureReq("acme", "ch_1", 100), ""); err != nil || !cp.Replayed {
+			t.Fatalf("after: replayed %v, err %v", cp.Replayed, err)
 		}
 	})
 	t.Run("Receipt", func(t *testing.T) {
@@ -322,7 +324,7 @@ func TestQueries(t *testing.T) {
 	for i, tenant := range []string{"acme", "acme~2", "globex"} {
 		req := captureReq(tenant, "ch_"+tenant, int64(100*(i+1)))
 		req.Run = "run-" + tenant
-		if _, _, err := e.client.Capture(ctx, "k", req, ""); err != nil {
+		if _, err := e.client.Capture(ctx, "k", req, ""); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -412,7 +414,7 @@ func TestClientErrors(t *testing.T) {
 	t.Parallel()
 	e := setup(t, options{})
 	ctx := context.Background()
-	_, _, err := e.client.Capture(ctx, "", captureReq("acme", "ch_1", 1), "")
+	_, err := e.client.Capture(ctx, "", captureReq("acme", "ch_1", 1), "")
 	statusError(t, err, http.StatusBadRequest, "idempotency_key_missing")
 	var se *provider.StatusError
 	if errors.As(err, &se) && se.Detail == "" {
@@ -420,7 +422,7 @@ func TestClientErrors(t *testing.T) {
 	}
 	// Nothing listens: a transport error, wrapped.
 	dead := provider.NewClient("http://127.0.0.1:1/provider", apiKey, e.hc)
-	_, _, err = dead.Capture(ctx, "k", captureReq("acme", "ch_1", 1), "")
+	_, err = dead.Capture(ctx, "k", captureReq("acme", "ch_1", 1), "")
 	transportError(t, err)
 	var oe interface{ Timeout() bool }
 	if !errors.As(err, &oe) {

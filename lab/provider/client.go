@@ -56,19 +56,19 @@ func (e *StatusError) Error() string {
 }
 
 // Capture captures req under key; fault is the Provider-Fault header's
-// value ("" sends none). replayed is true when the provider answered with
+// value ("" sends none). Replayed is true when the provider answered with
 // the capture an earlier request made.
-func (c *Client) Capture(ctx context.Context, key string, req CaptureRequest, fault string) (Capture, bool, error) {
+func (c *Client) Capture(ctx context.Context, key string, req CaptureRequest, fault string) (Captured, error) {
 	h := http.Header{}
 	h.Set(KeyHeader, key)
 	if fault != "" {
 		h.Set(FaultHeader, fault)
 	}
-	var resp CaptureResponse
+	var resp Captured
 	if err := c.do(ctx, http.MethodPost, "/captures", h, req, &resp); err != nil {
-		return Capture{}, false, err
+		return Captured{}, err
 	}
-	return resp.Capture, resp.Replayed, nil
+	return resp, nil
 }
 
 // Receipt sends a receipt; duplicate is true when the provider had it.

@@ -16,7 +16,7 @@ func TestFaults(t *testing.T) {
 	ctx := context.Background()
 	t.Run("Down", func(t *testing.T) {
 		e := setup(t, options{})
-		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "down")
+		_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "down")
 		transportError(t, err)
 		_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: "outbox"}, "down")
 		transportError(t, err)
@@ -27,7 +27,7 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("connections_dropped %d, want 2", c.ConnectionsDropped)
 		}
 		// Down acts before anything is read: even a request it would refuse.
-		_, _, err = e.client.Capture(ctx, "", provider.CaptureRequest{}, "down")
+		_, err = e.client.Capture(ctx, "", provider.CaptureRequest{}, "down")
 		transportError(t, err)
 	})
 	t.Run("DownStanding", func(t *testing.T) {
@@ -35,7 +35,7 @@ func TestFaults(t *testing.T) {
 		if err := e.client.SetFaults(ctx, "acme", provider.Faults{Down: true}); err != nil {
 			t.Fatal(err)
 		}
-		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
 		transportError(t, err)
 		if s := e.stats(t, ""); s.CapturesApplied != 0 {
 			t.Fatalf("stats %+v; want nothing recorded", s)
@@ -43,7 +43,7 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("ErrorRate", func(t *testing.T) {
 		e := setup(t, options{})
-		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=1")
+		_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=1")
 		statusError(t, err, http.StatusServiceUnavailable, "provider_unavailable")
 		_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: "outbox"}, "error_rate=1")
 		statusError(t, err, http.StatusServiceUnavailable, "provider_unavailable")
@@ -54,22 +54,22 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("errors_injected %d, want 2", c.ErrorsInjected)
 		}
 		// The same key is then applied: the failure recorded nothing.
-		if _, replayed, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil || replayed {
-			t.Fatalf("retry: replayed %v, err %v; want applied", replayed, err)
+		if cp, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil || cp.Replayed {
+			t.Fatalf("retry: replayed %v, err %v; want applied", cp.Replayed, err)
 		}
 	})
 	t.Run("ErrorRateDraws", func(t *testing.T) {
 		e := setup(t, options{rand: func() float64 { return 0.2 }})
-		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=0.3")
+		_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=0.3")
 		statusError(t, err, http.StatusServiceUnavailable, "provider_unavailable")
-		if _, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=0.1"); err != nil {
+		if _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "error_rate=0.1"); err != nil {
 			t.Fatalf("a draw of 0.2 against 0.1: %v", err)
 		}
 	})
 	t.Run("AppliedResponseLost", func(t *testing.T) {
 		e := setup(t, options{})
 		impatient := provider.NewClient(e.base, apiKey, &http.Client{Transport: e.hc.Transport, Timeout: 200 * time.Millisecond})
-		_, _, err := impatient.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
+		_, err := impatient.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
 		transportError(t, err)
 		if s := e.stats(t, "acme"); s.CapturesApplied != 1 {
 			t.Fatalf("stats %+v; want the capture applied", s)
@@ -78,8 +78,8 @@ func TestFaults(t *testing.T) {
 			return c.ResponsesLost == 1 && c.ConnectionsDropped == 1
 		})
 		// The retry learns the outcome.
-		if c, replayed, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil || !replayed || c.Requests != 2 {
-			t.Fatalf("retry: %+v, replayed %v, err %v; want a replay", c, replayed, err)
+		if c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil || !c.Replayed || c.Requests != 2 {
+			t.Fatalf("retry: %+v, replayed %v, err %v; want a replay", c, c.Replayed, err)
 		}
 		// A receipt is applied too.
 		req := provider.ReceiptRequest{EventID: "e1", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Via: "outbox"}
@@ -91,7 +91,7 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("AppliedResponseLostHoldEnds", func(t *testing.T) {
 		e := setup(t, options{hold: 20 * time.Millisecond})
-		_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
+		_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
 		transportError(t, err)
 		if s := e.stats(t, "acme"); s.CapturesApplied != 1 {
 			t.Fatalf("stats %+v; want the capture applied", s)
@@ -99,14 +99,14 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("AppliedResponseLostDraws", func(t *testing.T) {
 		e := setup(t, options{rand: func() float64 { return 0.7 }})
-		if _, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost=0.5"); err != nil {
+		if _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost=0.5"); err != nil {
 			t.Fatalf("a draw of 0.7 against 0.5: %v", err)
 		}
 	})
 	t.Run("Latency", func(t *testing.T) {
 		e := setup(t, options{})
 		start := time.Now()
-		if _, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "latency_ms=150"); err != nil {
+		if _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "latency_ms=150"); err != nil {
 			t.Fatal(err)
 		}
 		if took := time.Since(start); took < 150*time.Millisecond {
@@ -115,7 +115,7 @@ func TestFaults(t *testing.T) {
 		// A client that gives up during the wait leaves nothing recorded.
 		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 		defer cancel()
-		_, _, err := e.client.Capture(short, "k2", captureReq("acme", "ch_2", 100), "latency_ms=10000")
+		_, err := e.client.Capture(short, "k2", captureReq("acme", "ch_2", 100), "latency_ms=10000")
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("err %v, want the deadline", err)
 		}
@@ -125,7 +125,7 @@ func TestFaults(t *testing.T) {
 	})
 	t.Run("Decline", func(t *testing.T) {
 		e := setup(t, options{})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "decline")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "decline")
 		if err != nil || c.Status != provider.StatusFailed {
 			t.Fatalf("declined capture %+v, %v; want status failed", c, err)
 		}
@@ -133,15 +133,15 @@ func TestFaults(t *testing.T) {
 			t.Fatalf("stats %+v; want one capture, nothing captured", s)
 		}
 		// A replay answers what was recorded, whatever the faults now.
-		if c, replayed, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil || !replayed || c.Status != provider.StatusFailed {
-			t.Fatalf("replay %+v, %v, %v", c, replayed, err)
+		if c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil || !c.Replayed || c.Status != provider.StatusFailed {
+			t.Fatalf("replay %+v, %v, %v", c, c.Replayed, err)
 		}
 	})
 	t.Run("ErrInvalidFault", func(t *testing.T) {
 		e := setup(t, options{})
 		for _, f := range []string{"explode", "down=1", "error_rate=2", "error_rate", "latency_ms=-1", "latency_ms=10001",
 			"applied_response_lost=NaN", "down,down", "webhook_delay_ms", "webhook_delay_ms=-1", "webhook_delay_ms=600001"} {
-			_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), f)
+			_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), f)
 			statusError(t, err, http.StatusBadRequest, "invalid_fault")
 			_, err = e.client.Receipt(ctx, provider.ReceiptRequest{EventID: "e", ChargeID: "c", Namespace: "acme", Tenant: "acme", Via: "outbox"}, f)
 			statusError(t, err, http.StatusBadRequest, "invalid_fault")
@@ -166,25 +166,25 @@ func TestFaultsPerNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"acme", "acme~2"} {
-		_, _, err := e.client.Capture(ctx, "k", captureReq(tenant, "ch_"+tenant, 100), "")
+		_, err := e.client.Capture(ctx, "k", captureReq(tenant, "ch_"+tenant, 100), "")
 		statusError(t, err, http.StatusServiceUnavailable, "provider_unavailable")
 	}
-	_, _, err := e.client.Capture(ctx, "k", captureReq("initech", "ch_i", 100), "")
+	_, err := e.client.Capture(ctx, "k", captureReq("initech", "ch_i", 100), "")
 	transportError(t, err)
 	// Another namespace's requests, even with the same key, are untouched.
-	c, _, err := e.client.Capture(ctx, "k", captureReq("globex", "ch_g", 100), "")
+	c, err := e.client.Capture(ctx, "k", captureReq("globex", "ch_g", 100), "")
 	if err != nil || c.Status != provider.StatusSucceeded {
 		t.Fatalf("globex: %+v, %v", c, err)
 	}
 	// The header overrides the standing error_rate; the standing decline stays.
-	c, _, err = e.client.Capture(ctx, "k", captureReq("acme", "ch_acme", 100), "error_rate=0")
+	c, err = e.client.Capture(ctx, "k", captureReq("acme", "ch_acme", 100), "error_rate=0")
 	if err != nil || c.Status != provider.StatusFailed {
 		t.Fatalf("acme with error_rate=0: %+v, %v; want a declined capture", c, err)
 	}
 	if err := e.client.ClearFaults(ctx, "initech"); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.client.Capture(ctx, "k", captureReq("initech", "ch_i", 100), ""); err != nil {
+	if _, err := e.client.Capture(ctx, "k", captureReq("initech", "ch_i", 100), ""); err != nil {
 		t.Fatalf("initech after clearing: %v", err)
 	}
 	if s := e.stats(t, "globex"); s.CapturesApplied != 1 || s.CapturedCents != 100 {

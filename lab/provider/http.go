@@ -37,12 +37,6 @@ const maxText = 255
 // because nobody waits for the answer.
 const recordTimeout = 10 * time.Second
 
-// CaptureResponse is the body of a capture's answer.
-type CaptureResponse struct {
-	Capture
-	Replayed bool `json:"replayed"`
-}
-
 // ReceiptResponse is the body of a receipt's answer.
 type ReceiptResponse struct {
 	EventID   string `json:"event_id"`
@@ -199,6 +193,9 @@ func (r CaptureRequest) validate() error {
 	if err := checkText("run", r.Run, false); err != nil {
 		return err
 	}
+	if err := checkText("event_id", r.EventID, false); err != nil {
+		return err
+	}
 	if r.AmountCents <= 0 {
 		return invalidBody("amount_cents must be a positive integer (got %d)", r.AmountCents)
 	}
@@ -350,22 +347,27 @@ func (p *Provider) capture(c echo.Context) error {
 	}
 	// The webhooks are written with the capture, or not at all: a
 	// provider that crashes after the capture still owes them.
-	stored, replayed, err := p.cfg.Records.Capture(rctx, capture, p.webhooks(capture, f))
+	var receipt *Receipt
+	if req.EventID != "" {
+		receipt = &Receipt{EventID: req.EventID, ChargeID: req.ChargeID, Namespace: req.Namespace, Tenant: req.Tenant, Run: req.Run, Via: req.Via,
+			ReceivedAt: capture.CreatedAt}
+	}
+	got, err := p.cfg.Records.Capture(rctx, capture, p.webhooks(capture, f), receipt)
 	if err != nil {
 		return p.fail(c, err)
 	}
-	if !replayed {
+	if !got.Replayed {
 		p.wakeSender()
 	}
 	if p.hit(f.AppliedResponseLost) {
 		done()
 		return p.withhold(c)
 	}
-	if replayed {
+	if got.Replayed {
 		c.Response().Header().Set(ReplayedHeader, "true")
-		return c.JSON(http.StatusOK, CaptureResponse{Capture: stored, Replayed: true})
+		return c.JSON(http.StatusOK, got)
 	}
-	return c.JSON(http.StatusCreated, CaptureResponse{Capture: stored})
+	return c.JSON(http.StatusCreated, got)
 }
 
 // receipt is POST /receipts.

@@ -61,16 +61,16 @@ func NewMemory() *Memory {
 
 // Capture records c once per (tenant, key), with hooks when it applies;
 // see Records.
-func (m *Memory) Capture(_ context.Context, c Capture, hooks []Webhook) (Capture, bool, error) {
+func (m *Memory) Capture(_ context.Context, c Capture, hooks []Webhook, receipt *Receipt) (Captured, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := captureKey{c.Tenant, c.Key}
 	if old, ok := m.captures[k]; ok {
 		if old.Fingerprint != c.Fingerprint {
-			return Capture{}, false, ErrKeyMismatch
+			return Captured{}, ErrKeyMismatch
 		}
 		old.Requests++
-		return old.Capture, true, nil
+		return Captured{Capture: old.Capture, Replayed: true, ReceiptDuplicate: m.receipt(receipt)}, nil
 	}
 	m.seq++
 	c.Requests = 1
@@ -83,7 +83,7 @@ func (m *Memory) Capture(_ context.Context, c Capture, hooks []Webhook) (Capture
 		h.NextAttempt, h.GiveUpAt, h.CreatedAt = normalTime(h.NextAttempt), normalTime(h.GiveUpAt), normalTime(h.CreatedAt)
 		m.pending = append(m.pending, &h)
 	}
-	return c, false, nil
+	return Captured{Capture: c, ReceiptDuplicate: m.receipt(receipt)}, nil
 }
 
 // ClaimWebhooks leases due webhooks, each the first pending one of its
@@ -158,15 +158,25 @@ func (m *Memory) WebhookFailed(_ context.Context, w Webhook, next time.Time, dea
 func (m *Memory) Receipt(_ context.Context, r Receipt) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	return m.receipt(&r), nil
+}
+
+// receipt records r (nil: none) under m.mu and reports whether it was
+// there already.
+func (m *Memory) receipt(r *Receipt) bool {
+	if r == nil {
+		return false
+	}
 	if old, ok := m.receipts[r.EventID]; ok {
 		old.Deliveries++
 		old.last = normalTime(r.ReceivedAt)
-		return true, nil
+		return true
 	}
-	r.Deliveries = 1
-	r.ReceivedAt = normalTime(r.ReceivedAt)
-	m.receipts[r.EventID] = &memReceipt{Receipt: r, last: r.ReceivedAt}
-	return false, nil
+	kept := *r
+	kept.Deliveries = 1
+	kept.ReceivedAt = normalTime(r.ReceivedAt)
+	m.receipts[r.EventID] = &memReceipt{Receipt: kept, last: kept.ReceivedAt}
+	return false
 }
 
 func (f Filter) matches(ns, run, chargeID string) bool {

@@ -26,12 +26,14 @@ type Records interface {
 	// Capture records a capture under (tenant, key) once, and with it, in
 	// the same step, the webhooks that announce it (none when it does not
 	// apply). If the key exists with the same fingerprint it returns the
-	// stored capture, its Requests counted one more, with replayed=true;
-	// with another fingerprint ErrKeyMismatch, and the stored capture is
-	// left as it was (a refused request is not counted). Concurrent calls
-	// with one key: exactly one applies. c.ID must be new: the stored
-	// capture carries another ID exactly when the call did not apply.
-	Capture(ctx context.Context, c Capture, hooks []Webhook) (stored Capture, replayed bool, err error)
+	// stored capture, its Requests counted one more, with Replayed; with
+	// another fingerprint ErrKeyMismatch, and the stored capture is left as
+	// it was (a refused request is not counted). Concurrent calls with one
+	// key: exactly one applies. c.ID must be new: the stored capture
+	// carries another ID exactly when the call did not apply. A receipt,
+	// when not nil, is recorded in the same step as Receipt records it,
+	// whether the capture applied or replayed, never when it was refused.
+	Capture(ctx context.Context, c Capture, hooks []Webhook, receipt *Receipt) (Captured, error)
 	// ClaimWebhooks leases up to limit due pending webhooks to one new
 	// claim: each comes back with one more attempt, the claim's token, and
 	// is hidden from other claims for lease. A webhook is due at its
@@ -176,6 +178,15 @@ type Capture struct {
 	CreatedAt   time.Time `json:"created_at"`
 }
 
+// Captured is what a capture call did, and the body of its answer.
+type Captured struct {
+	Capture       // as stored: the request's own when it applied
+	Replayed bool `json:"replayed"`
+	// ReceiptDuplicate: the receipt the call carried was there already, a
+	// redelivery of its event.
+	ReceiptDuplicate bool `json:"receipt_duplicate,omitempty"`
+}
+
 // Receipt is one receipt the provider sent, by the lab's outbox event id.
 type Receipt struct {
 	EventID    string    `json:"event_id"`
@@ -213,11 +224,16 @@ type CaptureRequest struct {
 	AmountCents int64  `json:"amount_cents"`
 	Currency    string `json:"currency"`
 	Via         string `json:"via"`
+	// EventID, when set, is the lab's event the capture delivers: its
+	// receipt is sent with the capture, deduplicated by it, in the same
+	// step (POST /receipts sends one alone).
+	EventID string `json:"event_id,omitempty"`
 }
 
 // Fingerprint identifies what a capture asks for: its charge, tenant,
 // amount and currency. Who sent it (via) and the lab run are left out, so
-// a retry through another path is still the same request.
+// a retry through another path is still the same request, and so is the
+// event id.
 func (r CaptureRequest) Fingerprint() string {
 	// A JSON array keeps the fields apart whatever they hold.
 	b, _ := json.Marshal([]any{r.ChargeID, r.Tenant, r.AmountCents, r.Currency}) // strings and an int always marshal

@@ -74,11 +74,12 @@ func capture(tenant, key, chargeID string, cents int64, at time.Time) provider.C
 
 func mustCapture(t *testing.T, r provider.Records, c provider.Capture) provider.Capture {
 	t.Helper()
-	stored, replayed, err := r.Capture(context.Background(), c, nil)
+	stored, err := r.Capture(context.Background(), c, nil, nil)
+	replayed := stored.Replayed
 	if err != nil || replayed {
 		t.Fatalf("Capture(%s): replayed %v, err %v; want a new capture", c.Key, replayed, err)
 	}
-	return stored
+	return stored.Capture
 }
 
 func ids(list []provider.Capture) []string {
@@ -124,7 +125,8 @@ func TestRecords(t *testing.T) {
 				first := mustCapture(t, r, capture("acme", "k1", "ch_1", 1250, t0))
 				again := capture("acme", "k1", "ch_1", 1250, t0.Add(time.Second))
 				again.Via, again.Run = provider.ViaDirect, "another-run" // not part of the fingerprint
-				stored, replayed, err := r.Capture(context.Background(), again, nil)
+				stored, err := r.Capture(context.Background(), again, nil, nil)
+				replayed := stored.Replayed
 				if err != nil || !replayed {
 					t.Fatalf("replayed %v, err %v; want a replay", replayed, err)
 				}
@@ -139,7 +141,7 @@ func TestRecords(t *testing.T) {
 					capture("acme", "k1", "ch_1", 999, t0),
 					capture("acme", "k1", "ch_2", 1250, t0),
 				} {
-					if _, _, err := r.Capture(context.Background(), other, nil); !errors.Is(err, provider.ErrKeyMismatch) {
+					if _, err := r.Capture(context.Background(), other, nil, nil); !errors.Is(err, provider.ErrKeyMismatch) {
 						t.Fatalf("Capture with another fingerprint: %v, want ErrKeyMismatch", err)
 					}
 				}
@@ -166,7 +168,8 @@ func TestRecords(t *testing.T) {
 				for range n {
 					wg.Go(func() {
 						<-start
-						stored, replayed, err := r.Capture(context.Background(), capture("acme", "race", "ch_1", 500, t0), nil)
+						stored, err := r.Capture(context.Background(), capture("acme", "race", "ch_1", 500, t0), nil, nil)
+						replayed := stored.Replayed
 						mu.Lock()
 						defer mu.Unlock()
 						if err != nil {
@@ -200,6 +203,32 @@ func TestRecords(t *testing.T) {
 				s, err := r.Stats(context.Background(), provider.Filter{Run: "r1"})
 				if err != nil || s.Receipts != 1 || s.ReceiptDeliveries != 3 {
 					t.Fatalf("Stats = %+v, %v; want 1 receipt delivered 3 times", s, err)
+				}
+			})
+			t.Run("ReceiptWithItsCapture", func(t *testing.T) {
+				// The receipt a capture call carries is recorded with it: once
+				// by event id whether the capture applied or replayed, and not
+				// at all when the capture is refused.
+				r := b.open(t)
+				ctx := context.Background()
+				rc := provider.Receipt{EventID: uuid.NewString(), ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0}
+				c := capture("acme", "k1", "ch_1", 700, t0)
+				c.Run = "r1"
+				for i, want := range []provider.Captured{{Replayed: false, ReceiptDuplicate: false}, {Replayed: true, ReceiptDuplicate: true}} {
+					got, err := r.Capture(ctx, c, nil, &rc)
+					if err != nil || got.Replayed != want.Replayed || got.ReceiptDuplicate != want.ReceiptDuplicate {
+						t.Fatalf("call %d: %+v, %v; want replayed %v, receipt duplicate %v", i+1, got, err, want.Replayed, want.ReceiptDuplicate)
+					}
+					c.ID = "cap_" + uuid.NewString()
+				}
+				other := rc
+				other.EventID = uuid.NewString()
+				if _, err := r.Capture(ctx, capture("acme", "k1", "ch_1", 999, t0), nil, &other); !errors.Is(err, provider.ErrKeyMismatch) {
+					t.Fatalf("a reused key: %v, want ErrKeyMismatch", err)
+				}
+				s, err := r.Stats(ctx, provider.Filter{Run: "r1"})
+				if err != nil || s.CapturesApplied != 1 || s.Receipts != 1 || s.ReceiptDeliveries != 2 {
+					t.Fatalf("Stats = %+v, %v; want 1 capture, 1 receipt delivered twice (none for the refused call)", s, err)
 				}
 			})
 			t.Run("CapturesFilter", func(t *testing.T) {
@@ -254,14 +283,14 @@ func TestRecords(t *testing.T) {
 				ctx := context.Background()
 				c := capture("acme", "k1", "ch_1", 100, t0)
 				c.Run = "r-webhooks"
-				stored, _, err := r.Capture(ctx, c, hooksOf(c, 2))
+				stored, err := r.Capture(ctx, c, hooksOf(c, 2), nil)
 				if err != nil {
 					t.Fatal(err)
 				}
 				// A replay writes no webhooks.
 				again := capture("acme", "k1", "ch_1", 100, t0)
-				if _, replayed, err := r.Capture(ctx, again, hooksOf(again, 2)); err != nil || !replayed {
-					t.Fatalf("replay: %v, %v", replayed, err)
+				if cp, err := r.Capture(ctx, again, hooksOf(again, 2), nil); err != nil || !cp.Replayed {
+					t.Fatalf("replay: %v, %v", cp.Replayed, err)
 				}
 				if s, err := r.Stats(ctx, provider.Filter{}); err != nil || s.WebhooksQueued != 2 {
 					t.Fatalf("Stats = %+v, %v; want the capture's 2 webhooks, none of the replay's", s, err)
@@ -318,7 +347,7 @@ func TestRecords(t *testing.T) {
 				claim(time.Hour)
 				other := capture("globex", "k2", "ch_2", 100, t0)
 				other.Run = "r-webhooks"
-				if _, _, err := r.Capture(ctx, other, hooksOf(other, 1)); err != nil {
+				if _, err := r.Capture(ctx, other, hooksOf(other, 1), nil); err != nil {
 					t.Fatal(err)
 				}
 				if n, err := r.Queued(ctx); err != nil || n != 1 {
@@ -421,8 +450,8 @@ func seed(t *testing.T, r provider.Records) {
 	k5 := add(capture("acme", "k5", "ch_5", 500, t0.Add(4*time.Second)), "r1", provider.ViaDirect, provider.StatusFailed)
 	add(capture("globex", "k6", "ch_6", 600, t0.Add(4*time.Second)), "r1", provider.ViaOutbox, provider.StatusSucceeded)
 	again := capture("acme", "k5", "ch_5", 500, t0.Add(5*time.Second))
-	if stored, replayed, err := r.Capture(ctx, again, nil); err != nil || !replayed || stored.ID != k5.ID {
-		t.Fatalf("replaying k5: %+v, %v, %v", stored, replayed, err)
+	if stored, err := r.Capture(ctx, again, nil, nil); err != nil || !stored.Replayed || stored.ID != k5.ID {
+		t.Fatalf("replaying k5: %+v, %v, %v", stored, stored.Replayed, err)
 	}
 	for _, rc := range []provider.Receipt{
 		{EventID: "evt-a", ChargeID: "ch_1", Namespace: "acme", Tenant: "acme", Run: "r1", Via: provider.ViaOutbox, ReceivedAt: t0},

@@ -103,11 +103,11 @@ func TestWebhooksAreSentConcurrently(t *testing.T) {
 			e.cfg = cfg
 			var caps []provider.Capture
 			for i := range captures {
-				c, _, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), "")
+				c, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), "")
 				if err != nil {
 					t.Fatal(err)
 				}
-				caps = append(caps, c)
+				caps = append(caps, c.Capture)
 			}
 			run(t, p) // every capture's webhooks are due before the first is claimed
 			eventuallyStats(t, e, "every webhook delivered", func(s provider.Stats) bool {
@@ -185,7 +185,7 @@ func TestASlowWebhookHoldsOneSender(t *testing.T) {
 			e := serve(t, p)
 			e.cfg = cfg
 			for i := range captures {
-				if _, _, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), ""); err != nil {
+				if _, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), ""); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -230,7 +230,7 @@ func TestStoppingReleasesEverySend(t *testing.T) {
 	stop := running(t, ctx, p)
 	e := serve(t, p)
 	for i := range senders {
-		if _, _, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), ""); err != nil {
+		if _, err := e.client.Capture(ctx, fmt.Sprintf("k%d", i), captureReq("acme", fmt.Sprintf("ch_%d", i), 100), ""); err != nil {
 			t.Fatal(err)
 		}
 	}

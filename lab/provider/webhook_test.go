@@ -40,11 +40,11 @@ func TestWebhooks(t *testing.T) {
 	ctx := context.Background()
 	t.Run("SignedInOrder", func(t *testing.T) {
 		e := setup(t, options{webhooks: true})
-		c, _, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 100), "")
+		c, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 100), "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+		hs := e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
 		for _, h := range hs {
 			if h.Verified != nil {
 				t.Fatalf("webhook %s does not verify: %v", h.Event.Type, h.Verified)
@@ -54,34 +54,34 @@ func TestWebhooks(t *testing.T) {
 			t.Fatalf("webhooks %+v", hs)
 		}
 		// A replay sends nothing: the next webhooks are another capture's.
-		if _, replayed, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 100), ""); err != nil || !replayed {
-			t.Fatalf("replay: %v, %v", replayed, err)
+		if cp, err := e.client.Capture(ctx, "k1", captureReq("acme", "ch_1", 100), ""); err != nil || !cp.Replayed {
+			t.Fatalf("replay: %v, %v", cp.Replayed, err)
 		}
-		c2, _, err := e.client.Capture(ctx, "k2", captureReq("acme", "ch_2", 200), "")
+		c2, err := e.client.Capture(ctx, "k2", captureReq("acme", "ch_2", 200), "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.expect(t, c2, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+		e.expect(t, c2.Capture, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
 		e.eventually(t, "4 webhooks sent", func(c provider.Counters) bool { return c.WebhooksSent == 4 })
 	})
 	t.Run("Declined", func(t *testing.T) {
 		e := setup(t, options{webhooks: true})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "decline")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "decline")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureFailed)
+		hs := e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureFailed)
 		if hs[1].Event.Data.Status != provider.StatusFailed {
 			t.Fatalf("final webhook %+v", hs[1].Event)
 		}
 	})
 	t.Run("Duplicate", func(t *testing.T) {
 		e := setup(t, options{webhooks: true})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_duplicate")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_duplicate")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
+		hs := e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
 		if hs[1].Event != hs[2].Event || hs[2].Attempt != 2 || hs[2].Verified != nil {
 			t.Fatalf("duplicate %+v of %+v: want the same event, signed", hs[2], hs[1])
 		}
@@ -91,19 +91,19 @@ func TestWebhooks(t *testing.T) {
 		if err := e.client.SetFaults(ctx, "acme", provider.Faults{WebhookReorder: true}); err != nil {
 			t.Fatal(err)
 		}
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.expect(t, c, provider.EventCaptureSucceeded, provider.EventCaptureProcessing)
+		e.expect(t, c.Capture, provider.EventCaptureSucceeded, provider.EventCaptureProcessing)
 	})
 	t.Run("BadSignature", func(t *testing.T) {
 		e := setup(t, options{webhooks: true})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_bad_signature")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_bad_signature")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
+		hs := e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
 		if hs[0].Verified != nil || !errors.Is(hs[1].Verified, signature.ErrMismatch) || hs[2].Verified != nil || hs[1].Event != hs[2].Event {
 			t.Fatalf("verdicts %v, %v, %v; want the forged copy refused and the genuine event accepted",
 				hs[0].Verified, hs[1].Verified, hs[2].Verified)
@@ -123,11 +123,11 @@ func TestWebhooks(t *testing.T) {
 			n++
 			return answers[min(n, len(answers))-1]
 		}})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_duplicate")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_duplicate")
 		if err != nil {
 			t.Fatal(err)
 		}
-		hs := e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureProcessing,
+		hs := e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureProcessing,
 			provider.EventCaptureSucceeded, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
 		for i, want := range []int{1, 2, 1, 2, 3, 4} {
 			if hs[i].Attempt != want {
@@ -145,24 +145,24 @@ func TestWebhooks(t *testing.T) {
 			}
 			return http.StatusOK
 		}})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
 		if err != nil {
 			t.Fatal(err)
 		}
 		// Refused for good, the processing event is not sent again; the
 		// final one follows.
-		e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+		e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
 		e.eventually(t, "one given up, one sent", func(c provider.Counters) bool {
 			return c.WebhooksFailed == 1 && c.WebhooksRejected == 1 && c.WebhooksSent == 1
 		})
 	})
 	t.Run("AttemptsExhausted", func(t *testing.T) {
 		e := setup(t, options{webhooks: true, attempts: 2, answer: func(hook) int { return http.StatusInternalServerError }})
-		c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+		c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureProcessing,
+		e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureProcessing,
 			provider.EventCaptureSucceeded, provider.EventCaptureSucceeded)
 		e.eventually(t, "both given up", func(c provider.Counters) bool {
 			return c.WebhooksFailed == 2 && c.WebhooksRejected == 4 && c.WebhooksSent == 0
@@ -181,11 +181,11 @@ func TestRunStops(t *testing.T) {
 			e := setup(t, options{webhooks: true, noRun: true, records: b.open(t)})
 			var caps []provider.Capture
 			for i, key := range []string{"k1", "k2"} {
-				c, _, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, int64(100+i)), "")
+				c, err := e.client.Capture(ctx, key, captureReq("acme", "ch_"+key, int64(100+i)), "")
 				if err != nil {
 					t.Fatal(err)
 				}
-				caps = append(caps, c)
+				caps = append(caps, c.Capture)
 			}
 			stopped, cancel := context.WithCancel(ctx)
 			cancel()
@@ -234,7 +234,7 @@ func TestRunStops(t *testing.T) {
 		}
 		stop := running(t, ctx, p)
 		e := serve(t, p)
-		if _, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil {
+		if _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), ""); err != nil {
 			t.Fatal(err)
 		}
 		<-entered
@@ -260,7 +260,7 @@ func TestRunStops(t *testing.T) {
 		e.cfg = cfg
 		answered := make(chan error, 1)
 		go func() {
-			_, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
+			_, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "applied_response_lost")
 			answered <- err
 		}()
 		e.eventually(t, "the answer withheld", func(c provider.Counters) bool { return c.ResponsesLost == 1 })
@@ -289,7 +289,7 @@ func TestWebhookWindow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	e := setup(t, options{webhooks: true, window: 100 * time.Millisecond, answer: func(hook) int { return http.StatusServiceUnavailable }})
-	c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
+	c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,11 +316,11 @@ func TestWebhookDelay(t *testing.T) {
 	ctx := context.Background()
 	e := setup(t, options{webhooks: true})
 	start := time.Now()
-	c, _, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_delay_ms=300")
+	c, err := e.client.Capture(ctx, "k", captureReq("acme", "ch_1", 100), "webhook_delay_ms=300")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.expect(t, c, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
+	e.expect(t, c.Capture, provider.EventCaptureProcessing, provider.EventCaptureSucceeded)
 	if took := time.Since(start); took < 300*time.Millisecond {
 		t.Fatalf("the webhooks came after %s, before their 300ms delay", took)
 	}
