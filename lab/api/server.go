@@ -22,6 +22,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api/wire"
+	"github.com/idempotency-lab/lab/lab/cost"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labsvc"
 	"github.com/idempotency-lab/lab/lab/provider"
@@ -114,6 +115,10 @@ type Deps struct {
 	RelayCounts func() relay.Counts
 	// Provider is the payment provider, read for its own records.
 	Provider ProviderRecords
+	// Cost, on the replica the provider's webhooks come to, is this
+	// process's count of what the lab asks of its dependencies: shown in
+	// its /metrics, the webhooks it receives counted in.
+	Cost *cost.Meter
 }
 
 // ProviderRecords is what the lab routes read of the payment provider:
@@ -177,6 +182,9 @@ func New(cfg Config, deps Deps) *Server {
 	s := &Server{cfg: cfg, deps: deps, log: cfg.Logger.With("replica", cfg.Replica), runOwners: map[string]lab.Namespace{}}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if deps.Cost != nil {
+		reg.MustRegister(deps.Cost)
+	}
 	s.metrics = newMetrics(reg, metricsSources{outbox: deps.Books, stores: deps.Stores, relay: deps.RelayCounts, stuck: deps.Books, stuckAfter: cfg.StuckAfter})
 
 	e := echo.New()

@@ -48,6 +48,9 @@ var (
 // transaction; one that does not is recorded as a mismatch and moves
 // nothing. The charge is paid only through this route.
 func (s *Server) providerWebhook(c echo.Context) error {
+	if s.deps.Cost != nil {
+		s.deps.Cost.Received("POST /webhooks/provider")
+	}
 	body, err := io.ReadAll(c.Request().Body)
 	if err != nil {
 		return problem(http.StatusBadRequest, "invalid_body", "Invalid body", "the body could not be read")

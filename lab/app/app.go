@@ -23,6 +23,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
+	"github.com/idempotency-lab/lab/lab/cost"
 	"github.com/idempotency-lab/lab/lab/delivery"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/httpserve"
@@ -85,6 +86,7 @@ type App struct {
 		lab.CaptureRecorder
 	}
 	bgPool *pgxpool.Pool // the background's pool, committing asynchronously; nil without PostgreSQL
+	meter  *cost.Meter   // counts the statements, round trips and requests of this process
 
 	replicas *replicaSet
 	// steps holds the stepped runs of this process, shared by its
@@ -126,7 +128,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		cfg.EmbedRedis = false // an embedded Redis per process would not be shared; the redis store needs REDIS_URL
 	}
 	a := &App{cfg: cfg, variants: reg, books: inmem.NewBooks(cfg.Clock), instance: "idempotency-lab-" + uuid.NewString()[:8],
-		unavailable: map[lab.StoreName]string{}}
+		unavailable: map[lab.StoreName]string{}, meter: cost.New()}
 	if err := a.openBooks(ctx); err != nil {
 		a.closeAll()
 		return nil, err
@@ -327,17 +329,19 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 			return nil, fmt.Errorf("error parsing REDIS_URL: %w", err)
 		}
 		client := goredis.NewClient(opts) // each replica its own client, as a separate process would
+		client.AddHook(a.meter.RedisHook())
 		a.addCloser(func() { _ = client.Close() })
 		deps.Redis = client
 	}
 	if a.failover.pair != nil {
 		client := a.failover.pair.Client()
+		client.AddHook(a.meter.RedisHook())
 		a.addCloser(func() { _ = client.Close() })
 		deps.RedisPair = client
 	}
 	if a.pool != nil {
 		// Each replica has its own pool, as a separate process would.
-		pool, err := a.openPool(ctx, false)
+		pool, err := a.openPool(ctx, false, "store")
 		if err != nil {
 			return nil, err
 		}
@@ -365,8 +369,9 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		stores[v.Name] = st
 	}
 	var relayCounts func() relay.Counts
-	if len(a.replicas.all()) == 0 { // the primary's metrics carry this process's relay
-		relayCounts = a.relay.Counts
+	var meter *cost.Meter
+	if len(a.replicas.all()) == 0 { // the primary's metrics carry this process's relay and costs
+		relayCounts, meter = a.relay.Counts, a.meter
 	}
 	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
 		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps,
@@ -378,7 +383,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		WebhookSecret: a.secret, StuckAfter: a.cfg.StuckAfter, Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
-		Checks: a.checks, Service: svc, Failover: a.failover, RelayCounts: relayCounts, Provider: a.providerClient})
+		Checks: a.checks, Service: svc, Failover: a.failover, RelayCounts: relayCounts, Provider: a.providerClient, Cost: meter})
 	r := &replica{
 		name: name, server: srv, service: svc, stores: stores, url: selfURL(ln), served: make(chan error, 1),
 		http: httpserve.New(srv.Handler(), a.cfg.Timeouts()),
@@ -525,7 +530,7 @@ func (a *App) openBooks(ctx context.Context) error {
 	if a.cfg.DatabaseURL == "" {
 		return nil
 	}
-	pool, err := a.openPool(ctx, true)
+	pool, err := a.openPool(ctx, true, "books")
 	if err != nil {
 		return err
 	}
@@ -546,7 +551,8 @@ func (a *App) openBooks(ctx context.Context) error {
 	// event id) deduplicates, and waiting on the flush for each was most of
 	// what a delivery cost.
 	bg, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema,
-		Size: int32(min(a.cfg.Relay.MaxWorkers*(1+a.cfg.Relay.Concurrency/4), 16)), AppName: a.instance, AsyncCommit: true})
+		Size: int32(min(a.cfg.Relay.MaxWorkers*(1+a.cfg.Relay.Concurrency/4), 16)), AppName: a.instance, AsyncCommit: true,
+		Tracer: a.meter.SQL(cost.Lab, "background", false)})
 	if err != nil {
 		return err
 	}
@@ -587,8 +593,10 @@ func (a *App) openRedis(ctx context.Context) error {
 	return nil
 }
 
-func (a *App) openPool(ctx context.Context, migrate bool) (*pgxpool.Pool, error) {
+// openPool opens a pool of the lab's, counted under name.
+func (a *App) openPool(ctx context.Context, migrate bool, name string) (*pgxpool.Pool, error) {
 	return pgdb.Open(ctx, pgdb.PoolConfig{
 		URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema, Size: int32(a.cfg.PGPoolSize), AppName: a.instance, Migrate: migrate,
+		Tracer: a.meter.SQL(cost.Lab, name, true),
 	})
 }

@@ -10,9 +10,11 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/labstack/echo/v4"
 
 	"github.com/idempotency-lab/lab/lab/api"
+	"github.com/idempotency-lab/lab/lab/cost"
 	"github.com/idempotency-lab/lab/lab/delivery"
 	"github.com/idempotency-lab/lab/lab/httpserve"
 	"github.com/idempotency-lab/lab/lab/pgdb"
@@ -44,7 +46,7 @@ func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error 
 	// The relay's calls time out on their own: a withheld answer must not
 	// hold a worker longer than this. A connection is kept alive for each
 	// delivery the relay may have in flight.
-	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: provider.NewTransport(a.cfg.Relay.MaxWorkers * a.cfg.Relay.Concurrency)}
+	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: a.meter.Transport(provider.NewTransport(a.cfg.Relay.MaxWorkers * a.cfg.Relay.Concurrency))}
 	a.addCloser(hc.CloseIdleConnections)
 	a.providerClient = provider.NewClient(base+"/provider", key, hc)
 	a.effects = delivery.New(a.providerClient, a.books)
@@ -67,12 +69,45 @@ type ownRecords interface {
 	provider.Pruner
 }
 
+// openProviderRecords keeps the own provider's records in the lab's
+// database, on pools of their own as another service's would be: what the
+// lab's pools count is the lab's work alone. Captures and receipts commit
+// durably; the webhooks' claims and outcomes asynchronously (see
+// pgdb.ProviderRecords.AckingThrough).
+func (a *App) openProviderRecords(ctx context.Context) (*pgdb.ProviderRecords, error) {
+	open := func(name string, size int32, async bool) (*pgxpool.Pool, error) {
+		pool, err := pgdb.Open(ctx, pgdb.PoolConfig{URL: a.cfg.DatabaseURL, Schema: a.cfg.PGSchema, Size: size, AppName: a.instance,
+			AsyncCommit: async, Tracer: a.meter.SQL(cost.Provider, name, !async)})
+		if err != nil {
+			return nil, fmt.Errorf("error connecting the provider's %s: %w", name, err)
+		}
+		a.mu.Lock()
+		a.pools = append(a.pools, pool)
+		a.mu.Unlock()
+		a.addCloser(pool.Close)
+		return pool, nil
+	}
+	records, err := open("records", 10, false)
+	if err != nil {
+		return nil, err
+	}
+	acks, err := open("acks", 8, true)
+	if err != nil {
+		return nil, err
+	}
+	return pgdb.NewProviderRecords(records).AckingThrough(acks), nil
+}
+
 // startProvider serves the lab's own provider, which asks for key, and
 // returns its base URL.
 func (a *App) startProvider(ctx, bgCtx context.Context, webhookURL, key string) (string, error) {
 	var records ownRecords = provider.NewMemory()
 	if a.pool != nil {
-		records = pgdb.NewProviderRecords(a.pool).AckingThrough(a.bgPool) // every replica of a cluster sees one provider
+		pg, err := a.openProviderRecords(ctx)
+		if err != nil {
+			return "", err
+		}
+		records = pg // every replica of a cluster sees one provider
 	}
 	a.ownProvider = records
 	pcfg := provider.DefaultConfig()

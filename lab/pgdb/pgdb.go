@@ -60,6 +60,8 @@ type PoolConfig struct {
 	// BeforeConnect, when set, may change where each new connection goes
 	// (a pair's current primary, after a failover).
 	BeforeConnect func(context.Context, *pgx.ConnConfig) error
+	// Tracer, when set, sees every statement (cost.SQL counts them).
+	Tracer pgx.QueryTracer
 }
 
 // Open connects a pool whose search_path is the lab's schema, and applies
@@ -84,6 +86,9 @@ func Open(ctx context.Context, cfg PoolConfig) (*pgxpool.Pool, error) {
 		pc.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
 	pc.BeforeConnect = cfg.BeforeConnect
+	if cfg.Tracer != nil {
+		pc.ConnConfig.Tracer = cfg.Tracer
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("error creating pool: %w", err)
