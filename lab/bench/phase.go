@@ -19,6 +19,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api/wire"
+	"github.com/idempotency-lab/lab/lab/cost"
 )
 
 // Phase is one loaded path: a store, a kind, a replica count.
@@ -45,6 +46,9 @@ type Phase struct {
 	// Delivery is how the relay, held during a fresh phase, delivered the
 	// phase's events once resumed.
 	Delivery *Delivery `json:"delivery,omitempty"`
+	// Cost is what one answered request of the phase asked of the lab's
+	// dependencies, read from its /metrics (nil when it counts nothing).
+	Cost *cost.Counts `json:"cost_per_request,omitempty"`
 	// Check is what the ledger says of the phase's charges.
 	Check *Check `json:"ledger_check,omitempty"`
 	// Error says why the phase could not run.
@@ -62,6 +66,9 @@ type Delivery struct {
 	Events  int     `json:"events"`
 	DrainMS float64 `json:"drain_ms"`
 	PerSec  float64 `json:"per_s"`
+	// Cost is what one event cost until settled (the bench's own polls of
+	// the outbox count in its statements).
+	Cost *cost.Counts `json:"cost_per_effect,omitempty"`
 }
 
 // Stats are one vegeta attack's figures.
@@ -176,9 +183,12 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 			hold(true)
 			defer hold(false)
 		}
+		before := b.costs(ctx)
 		if err := b.attack(ctx, load.target, p.Run, vegeta.Rate{}, b.cfg.Duration, &p.Stats, load.observe); err != nil {
 			return err
 		}
+		charged := b.costs(ctx)
+		p.Cost = per(charged, before, load.count201)
 		if hold != nil {
 			hold(false)
 		}
@@ -191,7 +201,8 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 		p.Check = b.checkFresh(ctx, p, load.count201, load.answered, load.unreadable())
 		if p.keyed && p.Check.Charges > 0 { // unsafe's effects bypass the outbox
 			ms := float64(drained.Microseconds()) / 1000
-			p.Delivery = &Delivery{Held: hold != nil, Events: p.Check.Charges, DrainMS: ms, PerSec: float64(p.Check.Charges) / max(ms/1000, 1e-3)}
+			p.Delivery = &Delivery{Held: hold != nil, Events: p.Check.Charges, DrainMS: ms, PerSec: float64(p.Check.Charges) / max(ms/1000, 1e-3),
+				Cost: per(b.costs(ctx), charged, p.Check.Charges)}
 		}
 		return nil
 	}
@@ -238,9 +249,11 @@ func (b *bencher) phase(ctx context.Context, p *Phase) error {
 			p.BodyMismatch++
 		}
 	}
+	before := b.costs(ctx)
 	if err := b.attack(ctx, tr, p.Run, vegeta.Rate{}, b.cfg.Duration, &p.Stats, observe); err != nil {
 		return err
 	}
+	p.Cost = per(b.costs(ctx), before, p.Replayed)
 	p.Check = b.checkReplay(ctx, p)
 	return nil
 }
@@ -304,6 +317,37 @@ func (l *freshLoad) unreadable() []string {
 		return nil
 	}
 	return []string{fmt.Sprintf("%d answers 201 named no key or no charge id (such as %q)", l.unread, l.example)}
+}
+
+// costs reads the lab's counts of what it asked of its dependencies; nil
+// when they cannot be read.
+func (b *bencher) costs(ctx context.Context) *cost.Counts {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, b.cfg.Lab.URL+"/metrics", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	c, err := cost.Parse(resp.Body)
+	if err != nil || len(c.Statements) == 0 && c.RedisTrips == 0 {
+		return nil
+	}
+	return &c
+}
+
+// per is the cost of one of n operations between two readings.
+func per(after, before *cost.Counts, n int) *cost.Counts {
+	if after == nil || before == nil || n == 0 {
+		return nil
+	}
+	c := after.Per(*before, n)
+	return &c
 }
 
 // maxSettle bounds the wait for the outbox to drain, unless the phases are

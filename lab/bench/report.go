@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/cost"
 )
 
 // Pairing is a phase set beside one ceiling.
@@ -314,6 +315,10 @@ func (r *Result) WriteTable(w io.Writer, markdown bool) error {
 	if rows := r.sustainedRows(); len(rows) > 1 {
 		fmt.Fprintf(&b, "Sustained: fresh charges on %s accounts at fixed rates (vegeta's pacer) for %s each, the outbox relay running; the outbox sampled every %s.\n\n", thousands(Accounts), r.Duration, lagEvery)
 		grid(&b, rows, []bool{false, true, true, true, true, true, true, true, true, true})
+	}
+	if rows := r.costRows(); len(rows) > 1 {
+		b.WriteString("Cost of one operation, counted at the drivers (/metrics: lab_sql_*, lab_redis_round_trips_total, lab_http_requests_total), the first round's phases on 1 replica; commits durable + asynchronous, the lab's and its provider's:\n\n")
+		grid(&b, rows, []bool{false, true, true, true, true, false})
 	}
 	bullet := ""
 	if markdown {
@@ -623,6 +628,53 @@ func (r *Result) notes() []string {
 		out = append(out, line)
 	}
 	return out
+}
+
+// costRows are the cost table: each path of the first round on one
+// replica, and the settled effect after each fresh phase, beside what its
+// design cannot do without.
+func (r *Result) costRows() [][]string {
+	rows := [][]string{{"operation", "HTTP to/from provider", "Redis round trips", "SQL statements", "commits", "the design's least, and why more"}}
+	row := func(what string, c *cost.Counts, least string) {
+		commits := fmt.Sprintf("%.2f + %.2f", cost.Sum(c.DurableCommits), cost.Sum(c.AsyncCommits))
+		rows = append(rows, []string{what, fmt.Sprintf("%.2f", cost.Sum(c.HTTPOut)+cost.Sum(c.HTTPIn)), fmt.Sprintf("%.2f", c.RedisTrips),
+			fmt.Sprintf("%.1f", cost.Sum(c.Statements)), commits, least})
+	}
+	for _, p := range r.ordered() {
+		if p.Round != 1 || p.Replicas != 1 || p.Cost == nil {
+			continue
+		}
+		row(p.Path(), p.Cost, leastCost(p.Store, p.Kind))
+		if d := p.Delivery; d != nil && d.Cost != nil {
+			row(string(p.Store)+" effect, settled", d.Cost, leastCost("", "effect"))
+		}
+	}
+	return rows
+}
+
+// leastCost says what a path cannot do without in its design, and what it
+// takes beyond that, as the code does it.
+func leastCost(store lab.StoreName, kind Kind) string {
+	fresh := kind == FreshHot || kind == FreshMany
+	switch {
+	case kind == "effect":
+		return "2 HTTP and 2 durable commits (the capture with its receipt; the outcome's webhook); capture.processing adds 1 of each; async: the relay's capture record and fenced completion, the provider's webhook claims and acks"
+	case store == "unsafe" && fresh:
+		return "1 commit (the ledger); no key; its capture is 1 HTTP call inside the write"
+	case store == "memory" && fresh:
+		return "1 commit: charge, event and balance in one transaction; the key in the heap"
+	case store == "redis" && fresh:
+		return "2 round trips (SET NX GET claim, compare-and-swap completion) + 1 commit; 1 more lists the key in its scope, for /idempotency/state and resets"
+	case store == "postgres" && fresh:
+		return "1 commit: key, charge, event and balance in one transaction; SET LOCAL lock_timeout bounds the wait on a twin"
+	case store == "memory" && kind == Replay:
+		return "nothing but the heap"
+	case store == "redis" && kind == Replay:
+		return "1 round trip: the claim's SET NX GET answers the stored response"
+	case store == "postgres" && kind == Replay:
+		return "0 commits; 1 read would do: it claims first (a transaction, its lock_timeout, the refused INSERT), then reads and rolls back"
+	}
+	return ""
 }
 
 // deliveryNote summarises how fast the relay drained the fresh phases'

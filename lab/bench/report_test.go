@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/cost"
 )
 
 // TestSerialBound checks the bound against the issue's own arithmetic.
@@ -167,6 +168,23 @@ func TestAttemptGoals(t *testing.T) {
 	} {
 		if !strings.Contains(notes, want) {
 			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}
+
+func TestTheTableShowsWhatAnOperationCost(t *testing.T) {
+	effect := &cost.Counts{HTTPOut: map[string]float64{"POST /captures": 1}, HTTPIn: map[string]float64{"POST /webhooks/provider": 2},
+		DurableCommits: map[string]float64{cost.Lab: 2, cost.Provider: 1}, AsyncCommits: map[string]float64{cost.Lab: 2}}
+	res := &Result{Repeat: 1, Phases: []*Phase{{Store: "postgres", Kind: FreshMany, Replicas: 1, Round: 1,
+		Cost:     &cost.Counts{DurableCommits: map[string]float64{cost.Lab: 1}, Statements: map[string]float64{cost.Lab: 8}},
+		Delivery: &Delivery{Events: 10, Cost: effect}}}}
+	var b strings.Builder
+	if err := res.WriteTable(&b, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| postgres fresh (1,000 accounts), 1 replica |", "| 1.00 + 0.00 |", "| postgres effect, settled", "| 3.00 ", "| 3.00 + 2.00 |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the table lacks %q:\n%s", want, b.String())
 		}
 	}
 }
