@@ -78,6 +78,7 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		m.Config.MaxAttendees = max(m.Config.MaxAttendees, cfg.Attendees+1)
 	}
 	cfg.Command = reproduce("load", args, os.LookupEnv)
+	cfg.Planned = func(p bench.WorkshopPlan) { fmt.Fprintf(stderr, "load: %s\n", p) }
 	cfg.Progress = func(p bench.WorkshopProgress) {
 		fmt.Fprintf(stderr, "load: %s, %d attendees active, %d requests, %d errors, %d shed, p99 %.0f ms\n",
 			p.Elapsed.Round(time.Second), p.Active, p.Requests, p.Errors, p.Shed, p.P99MS)
@@ -119,11 +120,6 @@ func runLoad(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return open, active, err
 		}
 	}
-	alone := "the path"
-	if cfg.Matrices > 0 {
-		alone += " and the matrix"
-	}
-	fmt.Fprintf(stderr, "load: one attendee takes %s alone first, then %d attendees join\n", alone, cfg.Attendees)
 	res, err := bench.RunWorkshop(ctx, cfg)
 	if err != nil {
 		return err

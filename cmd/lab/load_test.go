@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -69,7 +70,12 @@ func TestLoadSmoke(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", s, table)
 		}
 	}
-	if !strings.Contains(stderr.String(), "load: ") {
+	// Before anything runs, what the load will do, from the figures it did it with.
+	plan := bench.WorkshopPlan{Attendees: res.Attendees, Rounds: res.Rounds, Steps: len(res.Steps), Think: time.Duration(res.ThinkMS * float64(time.Millisecond))}
+	if _, after, _ := strings.Cut(stderr.String(), "load: "); !strings.HasPrefix(after, plan.String()+"\n") {
+		t.Errorf("the load's first line is not its plan %q:\n%s", plan.String(), stderr.String())
+	}
+	if !strings.Contains(stderr.String(), " attendees active, ") {
 		t.Errorf("no progress on stderr:\n%s", stderr.String())
 	}
 }

@@ -46,7 +46,31 @@ type WorkshopConfig struct {
 	// include the load generator's.
 	InProcess bool
 	Command   string // the command line that reproduces the load, for the report
-	Progress  func(WorkshopProgress)
+	// Planned, when set, is told what the load will do before it starts.
+	Planned  func(WorkshopPlan)
+	Progress func(WorkshopProgress)
+}
+
+// WorkshopPlan is what a load will do, from the figures it runs with.
+type WorkshopPlan struct {
+	Attendees int
+	Rounds    int           // 0: rounds until Duration has passed
+	Duration  time.Duration // with Rounds 0
+	Steps     int           // the path's, as this lab runs it
+	Think     time.Duration
+	Matrices  int
+}
+
+// Thinking is what one attendee is expected to spend not waiting on the
+// lab: its arrival, drawn within the first Think, then a pause drawn
+// around Think before each step; with Rounds 0, Duration and the round
+// under way.
+func (p WorkshopPlan) Thinking() time.Duration {
+	rounds := p.Rounds
+	if rounds == 0 {
+		return p.Duration + time.Duration(p.Steps)*p.Think
+	}
+	return p.Think/2 + time.Duration(rounds*p.Steps)*p.Think
 }
 
 // WorkshopProgress is what the load prints every few seconds.
@@ -94,10 +118,11 @@ type WorkshopResult struct {
 	// Wrong lists what the checks found: a verdict unlike the run's alone,
 	// a ledger row of another tenant, an unexpected status, a 5xx.
 	Wrong []string `json:"wrong,omitempty"`
-	// Shed counts the refusals with Retry-After (429, 503 lab_busy) that
-	// the attendees waited out and retried; GaveUp the steps an attendee
-	// gave up after maxRetries of them in a row; Unannounced refusals
-	// without Retry-After.
+	// Shed counts the answers shed, 429 or 503 with Retry-After, that the
+	// attendees waited out and retried (the tables' "shed 503"); GaveUp
+	// the steps an attendee gave up after maxRetries of them in a row;
+	// Unannounced the 429s without Retry-After; FiveXX the other answers
+	// 5xx, errors.
 	Shed        int `json:"shed"`
 	GaveUp      int `json:"steps_given_up"`
 	Unannounced int `json:"refused_without_retry_after"`
@@ -248,6 +273,9 @@ func RunWorkshop(ctx context.Context, cfg WorkshopConfig) (*WorkshopResult, erro
 	w.path = workshopPath(func(name lab.StoreName) bool {
 		return slices.ContainsFunc(stores, func(s storeInfo) bool { return s.Name == name && s.Available })
 	})
+	if cfg.Planned != nil {
+		cfg.Planned(WorkshopPlan{Attendees: cfg.Attendees, Rounds: cfg.Rounds, Duration: cfg.Duration, Steps: len(w.path), Think: cfg.Think, Matrices: cfg.Matrices})
+	}
 
 	// Alone first: one attendee walks the path with nobody else, and the
 	// matrix runs once, so that the load has something to be held to.
@@ -431,8 +459,8 @@ func (w *workshop) do(ctx context.Context, a *attendee, round int, s pathStep, r
 			}
 			return answer{}, err
 		}
-		refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable && problemCode(body) == "lab_busy"
-		announced := refused && h.Get("Retry-After") != ""
+		refused := status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable
+		announced := refused && h.Get("Retry-After") != "" // shed: the lab says when to come back
 		if announced && try == maxRetries && a.n >= 0 {
 			// Refused every time, as announced: the attendee gives the
 			// step up, as a person would, and goes on.
@@ -460,10 +488,10 @@ func (w *workshop) do(ctx context.Context, a *attendee, round int, s pathStep, r
 			w.record(s, status, took, false)
 			w.count(func() {
 				switch {
+				case status >= 500: // without Retry-After, a 503 is an error
+					w.res.FiveXX++
 				case refused:
 					w.res.Unannounced++
-				case status >= 500:
-					w.res.FiveXX++
 				}
 			})
 			if err != nil {
@@ -506,12 +534,6 @@ func (w *workshop) send(ctx context.Context, a *attendee, round int, s pathStep)
 		return 0, nil, nil, took, fmt.Errorf("error reading the answer of %s: %w", s.route, err)
 	}
 	return resp.StatusCode, resp.Header, answer, took, nil
-}
-
-func problemCode(body []byte) string {
-	var p lab.Problem
-	_ = json.Unmarshal(body, &p)
-	return p.Code
 }
 
 // check holds one answer to what the step expects: its status, the replay
@@ -579,8 +601,11 @@ func (w *workshop) record(s pathStep, status int, took time.Duration, shed bool)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	ms, failed, label := msOf(took), status == 0 || status >= 500, strconv.Itoa(status)
-	if status == 0 {
+	switch {
+	case status == 0:
 		label = "no answer"
+	case shed:
+		label = "shed " + label // not an error, whatever its status
 	}
 	for _, st := range []*StepStats{w.stats(w.steps, s.name), w.stats(w.routes, s.method+" "+s.route)} {
 		st.Statuses[label]++

@@ -2,7 +2,9 @@ package bench
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
@@ -50,5 +52,55 @@ func TestWorkshopChecksCatchWrongAnswers(t *testing.T) {
 				t.Errorf("got %v, want an error saying %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestWorkshopShedIsNotAnError: a 429 or 503 with Retry-After is shed,
+// whatever its problem code, and shows as shed in the table's statuses and
+// in the summary alike; a 503 without Retry-After is an error in both.
+func TestWorkshopShedIsNotAnError(t *testing.T) {
+	var mu sync.Mutex
+	tries := map[string]int{}
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		tries[r.URL.Path]++
+		first := tries[r.URL.Path] == 1
+		mu.Unlock()
+		switch {
+		case r.URL.Path == "/error":
+			rw.WriteHeader(http.StatusServiceUnavailable)
+		case first && r.URL.Path == "/busy":
+			rw.Header().Set("Retry-After", "1")
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = rw.Write([]byte(`{"code":"lab_busy"}`))
+		case first && r.URL.Path == "/pool":
+			rw.Header().Set("Retry-After", "1")
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = rw.Write([]byte(`{"code":"store_unavailable"}`))
+		}
+	}))
+	defer srv.Close()
+	w := &workshop{cfg: WorkshopConfig{URL: srv.URL}, client: srv.Client(), steps: map[string]*StepStats{}, routes: map[string]*StepStats{},
+		res: &WorkshopResult{Alone: map[string]lab.Verdict{}}}
+	for _, name := range []string{"busy", "pool", "error"} {
+		s := pathStep{name: name, method: http.MethodGet, route: "/" + name, target: fixed("/" + name), want: http.StatusOK}
+		w.path = append(w.path, s)
+		_, _ = w.do(t.Context(), &attendee{n: 1}, 0, s, true)
+	}
+	w.conclude()
+	for _, st := range w.res.Steps {
+		want := map[string]string{"busy": "200×1 shed 503×1", "pool": "200×1 shed 503×1", "error": "503×1"}[st.Name]
+		if got := statusText(st.Statuses); got != want {
+			t.Errorf("%s: statuses %q, want %q", st.Name, got, want)
+		}
+	}
+	var table strings.Builder
+	if err := w.res.WriteTable(&table, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"2 answers (shed 503×2)", "1 answers 5xx without Retry-After"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("the summary does not say %q:\n%s", want, table.String())
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // WriteJSON writes every figure of the load as indented JSON.
@@ -49,6 +51,24 @@ func (r *WorkshopResult) WriteTable(w io.Writer, markdown bool) error {
 		return fmt.Errorf("error writing the workshop table: %w", err)
 	}
 	return nil
+}
+
+// String says what the load will do and how long it is expected to take.
+func (p WorkshopPlan) String() string {
+	first := "one attendee walks the path alone"
+	if p.Matrices > 0 {
+		first += " and fetches the matrix alone (as long as lab matrix takes)"
+	}
+	walk := fmt.Sprintf("%d round(s) of the path's %d steps each", p.Rounds, p.Steps)
+	if p.Rounds == 0 {
+		walk = fmt.Sprintf("rounds of the path's %d steps for %s each, finishing the round under way", p.Steps, p.Duration)
+	}
+	s := fmt.Sprintf("first %s; then %d attendees join within %s and walk %s, thinking %s on average (%s to %s) before each step: about %s each, plus the lab's answers",
+		first, p.Attendees, p.Think, walk, p.Think, p.Think/2, p.Think*3/2, p.Thinking().Round(time.Second/10))
+	if p.Matrices > 0 {
+		s += fmt.Sprintf("; %d of them fetch the matrix again after their first round", p.Matrices)
+	}
+	return s + "."
 }
 
 func latencyRows(first string, stats []*StepStats) [][]string {
@@ -93,8 +113,16 @@ func (r *WorkshopResult) notes() []string {
 	} else {
 		out = append(out, "PostgreSQL connections: not measured (no DATABASE_URL to read pg_stat_activity from).")
 	}
-	out = append(out, fmt.Sprintf("Shed: %d refusals with Retry-After, waited out and retried, %d steps given up after %d of them in a row; %d refusals without Retry-After; %d answers 5xx.",
-		r.Shed, r.GaveUp, maxRetries, r.Unannounced, r.FiveXX))
+	shed := map[string]int{} // as the steps' statuses say it
+	for _, st := range r.Steps {
+		for k, n := range st.Statuses {
+			if strings.HasPrefix(k, "shed ") {
+				shed[k] += n
+			}
+		}
+	}
+	out = append(out, fmt.Sprintf("Shed (429 or 503 with Retry-After, waited out and retried): %d answers (%s); %d steps given up after %d in a row. Errors: %d answers 5xx without Retry-After; %d 429s without it.",
+		r.Shed, cmp.Or(statusText(shed), "none"), r.GaveUp, maxRetries, r.FiveXX, r.Unannounced))
 	verdicts := make([]string, 0, len(r.Alone))
 	for _, k := range slices.Sorted(maps.Keys(r.Alone)) {
 		verdicts = append(verdicts, fmt.Sprintf("%s %s", k, r.Alone[k]))
