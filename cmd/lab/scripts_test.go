@@ -33,23 +33,23 @@ func scriptNeedTools(t *testing.T, tools ...string) {
 	}
 }
 
-// runScript runs a script under bash with extra environment, bounded by
-// timeout; on expiry it gets SIGTERM (so it stops what it started), then
-// SIGKILL after a grace period. It returns the combined output and the
-// exit code.
-func runScript(t *testing.T, timeout time.Duration, env []string, args ...string) (string, int) {
+// runScript runs a script under bash with extra environment until it
+// exits: the test binary's -timeout is its only bound. Shortly before that
+// deadline it gets SIGTERM (so it stops what it started), then SIGKILL
+// after a grace period. It returns the combined output and the exit code.
+func runScript(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := beforeDeadline(t)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", args...)
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 30 * time.Second
+	cmd.WaitDelay = scriptGrace
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	if ctx.Err() != nil {
-		t.Errorf("%s did not finish within %s", args[0], timeout)
+		t.Errorf("%s was still running as the test binary's deadline neared", args[0])
 	}
 	var exit *exec.ExitError
 	switch {
@@ -60,6 +60,20 @@ func runScript(t *testing.T, timeout time.Duration, env []string, args ...string
 	}
 	t.Fatalf("running %s: %v\n%s", args[0], err, out.String())
 	return "", -1
+}
+
+// scriptGrace is how long a script has to stop what it started once told.
+const scriptGrace = 30 * time.Second
+
+// beforeDeadline is the test's context, ended early enough before the test
+// binary's deadline (go test -timeout) that a script told to stop can still
+// clean up and the test report why; without a deadline it ends with the test.
+func beforeDeadline(t *testing.T) (context.Context, context.CancelFunc) {
+	deadline, ok := t.Deadline()
+	if !ok {
+		return context.WithCancel(t.Context())
+	}
+	return context.WithDeadline(t.Context(), deadline.Add(-2*scriptGrace))
 }
 
 // scriptPIDs reads a line the script prints, such as "cluster pids: 1 2 3 4",
@@ -154,7 +168,7 @@ func TestClusterScript(t *testing.T) {
 	env, _, schema, prefix := clusterScriptEnv(t)
 	// The script starts its own Redis pair (on ports it picks) when it can.
 	env = append(env, "CLUSTER_REDIS_PAIR=on", "CLUSTER_REDIS_PAIR_PORTS=", "LAB_REDIS_PAIR_PRIMARY=", "LAB_REDIS_PAIR_REPLICA=")
-	out, code := runScript(t, 3*time.Minute, env, "../../scripts/cluster.sh")
+	out, code := runScript(t, env, "../../scripts/cluster.sh")
 	t.Logf("cluster.sh output:\n%s", out)
 
 	pids := scriptPIDs(t, out, "cluster pids:")
@@ -243,8 +257,9 @@ func TestWalkthroughScript(t *testing.T) {
 	const steps = "walkthrough passed: 14 steps"
 
 	t.Run("memory", func(t *testing.T) {
+		t.Parallel()
 		a := startLab(t) // memory store and ledger only
-		out, code := runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
+		out, code := runScript(t, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
 		t.Logf("walkthrough.sh output:\n%s", out)
 		if code != 0 {
 			t.Fatalf("walkthrough.sh exited %d", code)
@@ -262,14 +277,15 @@ func TestWalkthroughScript(t *testing.T) {
 	})
 
 	t.Run("admin token", func(t *testing.T) {
+		t.Parallel()
 		const secret = "walkthrough-admin-secret"
 		a := startLab(t, func(c *app.Config) { c.AdminToken = secret })
 		// The walkthrough acts in the public namespace, whose reset needs no token.
-		out, code := runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
+		out, code := runScript(t, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
 		if code != 0 || !strings.Contains(out, steps) {
 			t.Errorf("without the token: exit %d, want the public namespace's walkthrough to pass:\n%s", code, out)
 		}
-		out, code = runScript(t, 2*time.Minute, []string{"LAB_ADMIN_TOKEN=" + secret, "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
+		out, code = runScript(t, []string{"LAB_ADMIN_TOKEN=" + secret, "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", a.URL())
 		if code != 0 || !strings.Contains(out, steps) {
 			t.Errorf("with the token: exit %d:\n%s", code, out)
 		}
@@ -282,8 +298,9 @@ func TestWalkthroughScript(t *testing.T) {
 	})
 
 	t.Run("no lab", func(t *testing.T) {
+		t.Parallel()
 		url := fmt.Sprintf("http://127.0.0.1:%d", labtest.FreePorts(t, 1)[0])
-		out, code := runScript(t, time.Minute, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", url)
+		out, code := runScript(t, []string{"LAB_ADMIN_TOKEN=", "WALKTHROUGH_STORE="}, "../../scripts/walkthrough.sh", url)
 		if code == 0 || !strings.Contains(out, "FAILED at step 1") || !strings.Contains(out, "is the lab running?") {
 			t.Errorf("against %s with nothing listening: exit %d, want non-zero and a clear message:\n%s", url, code, out)
 		}
@@ -304,7 +321,7 @@ func TestClusterScriptInterrupted(t *testing.T) {
 	cmd := exec.Command("bash", "../../scripts/cluster.sh")
 	cmd.Env = append(append(os.Environ(), env...), "CLUSTER_REDIS_PAIR=off")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a group of its own, as a terminal's foreground job
-	cmd.WaitDelay = 30 * time.Second
+	cmd.WaitDelay = scriptGrace
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

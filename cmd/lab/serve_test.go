@@ -12,11 +12,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/pgdb/throwaway"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // TestZeroConfigServe runs the binary as the README's first command does —
@@ -90,13 +90,8 @@ func TestZeroConfigServe(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("exit: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("lab did not stop on SIGINT")
+	if err := testsignal.Receive(t, "the lab stopping on SIGINT", done); err != nil {
+		t.Fatalf("exit: %v", err)
 	}
 	for line := range logs {
 		logged = append(logged, line)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 )
 
 // Reply is one HTTP answer.
@@ -159,26 +160,24 @@ func WantProblem(tb testing.TB, what string, r Reply, status int, code, param st
 	}
 }
 
-// EventuallyTimeout bounds Eventually: generous, for a loaded machine
-// settling a whole lab (a failing wait costs only its own test the time).
-const EventuallyTimeout = 90 * time.Second
-
 // Eventually waits until cond holds, for what only polling can see: the
 // state of another process (a replica, a redis-server, a browser), or of
 // a whole lab seen from outside (its relay, its provider and its webhook
 // receiver at work behind its HTTP routes). Code under test in the test's
 // own process signals instead (lab/testsignal). cond is checked at once,
-// then at a growing interval up to 50ms; the test fails after
-// EventuallyTimeout.
+// then at a growing interval up to 50ms; the test fails only as the test
+// binary's deadline nears (testsignal.Expiry): no wait has a clock of its own.
 func Eventually(tb testing.TB, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.Now().Add(EventuallyTimeout)
+	expired, stop := testsignal.Expiry(tb)
+	defer stop()
 	for wait := time.Millisecond; !cond(); wait = min(2*wait, 50*time.Millisecond) {
-		if time.Now().After(deadline) {
-			tb.Fatalf("%s: never, within %s", what, EventuallyTimeout)
-		}
-		if err := lab.Sleep(tb.Context(), wait); err != nil {
-			tb.Fatalf("%s: %v", what, err)
+		select {
+		case <-expired:
+			tb.Fatalf("%s: never, and the test binary's deadline is near", what)
+		case <-tb.Context().Done():
+			tb.Fatalf("%s: %v", what, tb.Context().Err())
+		case <-time.After(wait):
 		}
 	}
 }

@@ -235,11 +235,7 @@ func TestStoppingReleasesEverySend(t *testing.T) {
 		}
 	}
 	for range senders {
-		select {
-		case <-entered:
-		case <-time.After(testsignal.Timeout):
-			t.Fatal("the senders did not all send")
-		}
+		testsignal.Receive(t, "every sender sending", entered)
 	}
 	stop()
 	if c := p.Counters(); c.WebhooksFailed != 0 || c.WebhooksSent != 0 {

@@ -160,13 +160,7 @@ func receiver(hooks chan<- hook, answer func(hook) int) http.Handler {
 // next waits for the next webhook.
 func (e *env) next(t *testing.T) hook {
 	t.Helper()
-	select {
-	case h := <-e.hooks:
-		return h
-	case <-time.After(10 * time.Second):
-		t.Fatal("no webhook arrived")
-		return hook{}
-	}
+	return testsignal.Receive(t, "a webhook", e.hooks)
 }
 
 // eventually waits until the counters satisfy ok: they move after the

@@ -265,12 +265,7 @@ func TestRunStops(t *testing.T) {
 		}()
 		e.eventually(t, "the answer withheld", func(c provider.Counters) bool { return c.ResponsesLost == 1 })
 		stop()
-		select {
-		case err := <-answered:
-			transportError(t, err)
-		case <-time.After(5 * time.Second):
-			t.Fatal("the withheld answer was not let go when the provider stopped")
-		}
+		transportError(t, testsignal.Receive(t, "the withheld answer let go as the provider stopped", answered))
 	})
 }
 
@@ -340,10 +335,6 @@ func running(t *testing.T, ctx context.Context, p *provider.Provider) (stop func
 	return func() {
 		t.Helper()
 		cancel()
-		select {
-		case <-done:
-		case <-time.After(testsignal.Timeout):
-			t.Fatal("Run did not return")
-		}
+		testsignal.Receive(t, "Run returning", done)
 	}
 }

@@ -75,9 +75,5 @@ func TestPrunerStopsOnShutdown(t *testing.T) {
 		t.Fatalf("%d rows left, want the younger one", left)
 	}
 	cancel()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the pruner did not stop when its context ended")
-	}
+	testsignal.Receive(t, "the pruner stopping as its context ended", done)
 }

@@ -110,12 +110,7 @@ func TestLateWorkerIsFenced(t *testing.T) {
 				n, err := late.Tick(ctx)
 				done <- result{n, err}
 			}()
-			var held lab.Event
-			select {
-			case held = <-stall.delivered:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the late worker never delivered")
-			}
+			held := testsignal.Receive(t, "the late worker's delivery", stall.delivered)
 			if held.ClaimToken == "" || held.Attempts != 1 {
 				t.Fatalf("claimed %+v: want a claim token on the first attempt", held)
 			}
@@ -127,13 +122,8 @@ func TestLateWorkerIsFenced(t *testing.T) {
 			after, _ := b.Events(ctx, "", 1)
 
 			close(stall.release) // the late worker wakes up and completes
-			select {
-			case r := <-done:
-				if r.n != 0 || r.err != nil {
-					t.Fatalf("late worker: delivered %d, err %v; want 0 and no error", r.n, r.err)
-				}
-			case <-time.After(10 * time.Second):
-				t.Fatal("the late worker never completed")
+			if r := testsignal.Receive(t, "the late worker completing", done); r.n != 0 || r.err != nil {
+				t.Fatalf("late worker: delivered %d, err %v; want 0 and no error", r.n, r.err)
 			}
 			if late.Fenced() != 1 || other.Fenced() != 0 {
 				t.Fatalf("fenced completions: late %d, other %d; want 1 and 0", late.Fenced(), other.Fenced())

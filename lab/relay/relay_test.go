@@ -183,11 +183,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 		close(done)
 	}()
 	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("relay did not stop")
-	}
+	testsignal.Receive(t, "the relay stopping", done)
 }
 
 func TestNewRejectsBadSettings(t *testing.T) {

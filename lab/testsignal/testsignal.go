@@ -11,15 +11,49 @@ package testsignal
 
 import "time"
 
-// Timeout bounds every wait: long enough for a loaded machine, short
-// enough that a point never reached fails the test rather than hangs it.
-const Timeout = 30 * time.Second
-
 // TB is the part of testing.TB a wait uses (so the lab's own code does
 // not import package testing).
 type TB interface {
 	Helper()
 	Fatalf(format string, args ...any)
+}
+
+// margin is what a wait leaves of the test binary's time: enough for the
+// test to fail with its reason and clean up what it started.
+const margin = time.Minute
+
+// Expiry fires when a wait of tb gives up: shortly before the test
+// binary's deadline (go test -timeout), the suite's one clock. A wait has
+// no clock of its own, so a loaded machine only makes it longer, while a
+// point never reached still fails its own test, naming what it waited
+// for, rather than the binary with a stack dump. Without a deadline (a
+// plain testing.TB, or -timeout 0) it never fires. stop releases it.
+func Expiry(tb TB) (expired <-chan time.Time, stop func()) {
+	d, ok := tb.(interface{ Deadline() (time.Time, bool) })
+	if !ok {
+		return nil, func() {}
+	}
+	deadline, ok := d.Deadline()
+	if !ok {
+		return nil, func() {}
+	}
+	t := time.NewTimer(time.Until(deadline.Add(-margin)))
+	return t.C, func() { t.Stop() }
+}
+
+// Receive takes the next value from c, failing the test when none comes
+// before Expiry.
+func Receive[T any](tb TB, what string, c <-chan T) T {
+	tb.Helper()
+	expired, stop := Expiry(tb)
+	defer stop()
+	var v T
+	select {
+	case v = <-c:
+	case <-expired:
+		tb.Fatalf("%s: never came, and the test binary's deadline is near", what)
+	}
+	return v
 }
 
 // Signal is one named point of the code under test.
@@ -43,47 +77,40 @@ func (s Signal) Signal() {
 }
 
 // WaitOrTimeout waits until the point is reached (once since the last
-// wait), failing the test after Timeout.
+// wait), failing the test at Expiry.
 func (s Signal) WaitOrTimeout(tb TB, what string) {
 	tb.Helper()
 	receive(tb, what, s.c, "a signal no test armed (make it with testsignal.New)")
 }
 
 // receive takes the next value from c, failing the test when c is nil
-// (unarmed) or nothing comes within Timeout.
+// (unarmed) or nothing comes before Expiry.
 func receive[T any](tb TB, what string, c chan T, unarmed string) T {
 	tb.Helper()
-	var v T
 	if c == nil {
 		tb.Fatalf("waiting for %s on %s", what, unarmed)
-		return v
+		var zero T
+		return zero
 	}
-	t := time.NewTimer(Timeout)
-	defer t.Stop()
-	select {
-	case v = <-c:
-	case <-t.C:
-		tb.Fatalf("%s: not signalled within %s", what, Timeout)
-	}
-	return v
+	return Receive(tb, what, c)
 }
 
 // WaitUntil waits until cond holds: it checks cond, then again each time
-// the code signals, failing the test when Timeout passes with cond false.
+// the code signals, failing the test at Expiry with cond false.
 func (s Signal) WaitUntil(tb TB, what string, cond func() bool) {
 	tb.Helper()
 	if s.c == nil {
 		tb.Fatalf("waiting for %s on a signal no test armed (make it with testsignal.New)", what)
 		return
 	}
-	t := time.NewTimer(Timeout)
-	defer t.Stop()
+	expired, stop := Expiry(tb)
+	defer stop()
 	for !cond() {
 		select {
 		case <-s.c:
-		case <-t.C:
+		case <-expired:
 			if !cond() {
-				tb.Fatalf("%s: never, within %s", what, Timeout)
+				tb.Fatalf("%s: never, and the test binary's deadline is near", what)
 			}
 			return
 		}
@@ -114,7 +141,7 @@ func (p Values[T]) Send(v T) {
 	}
 }
 
-// Wait returns the next value, failing the test after Timeout.
+// Wait returns the next value, failing the test at Expiry.
 func (p Values[T]) Wait(tb TB, what string) T {
 	tb.Helper()
 	return receive(tb, what, p.c, "values no test armed (make them with testsignal.NewValues)")

@@ -2,8 +2,10 @@ package testsignal_test
 
 import (
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab/testsignal"
 )
@@ -77,5 +79,29 @@ func TestValuesKeepEachValue(t *testing.T) {
 	}
 	if got := p.Taken(); fmt.Sprint(got) != "[1 2]" {
 		t.Fatalf("then %v, want [1 2]", got)
+	}
+}
+
+// deadlined is a test whose binary ends at a given time.
+type deadlined struct {
+	recorder
+	end time.Time
+}
+
+func (d *deadlined) Deadline() (time.Time, bool) { return d.end, true }
+
+// TestWaitsEndWithTheBinarysDeadline: a wait has no clock of its own. It
+// gives up only as the test binary's deadline nears, failing its test
+// with what it waited for; without a deadline it never gives up.
+func TestWaitsEndWithTheBinarysDeadline(t *testing.T) {
+	near := &deadlined{end: time.Now().Add(time.Minute + 50*time.Millisecond)} // Expiry leaves a minute
+	testsignal.New().WaitOrTimeout(near, "a point never reached")
+	if !strings.Contains(near.failed, "a point never reached") {
+		t.Fatalf("the wait ended with %q, want a failure naming what it waited for", near.failed)
+	}
+	var r recorder // no deadline
+	if expired, stop := testsignal.Expiry(&r); expired != nil {
+		stop()
+		t.Fatal("a test without a deadline got an expiry")
 	}
 }

@@ -13,19 +13,14 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/testsignal"
 	"github.com/idempotency-lab/lab/variants/lease"
 )
 
-// answerOf waits for an attempt's answer; the test fails after 10 seconds.
+// answerOf waits for an attempt's answer.
 func answerOf(t *testing.T, who string, done <-chan labtest.Answer) labtest.Answer {
 	t.Helper()
-	select {
-	case ans := <-done:
-		return ans
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s did not answer within 10s", who)
-		return labtest.Answer{}
-	}
+	return testsignal.Receive(t, who+"'s answer", done)
 }
 
 // inspect reads the key and checks its state and that its facts hold each of want.
