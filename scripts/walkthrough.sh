@@ -98,29 +98,51 @@ req() {
 	: >"$hdrs"
 	status="$(curl -sS -m 120 -o "$body" -D "$hdrs" -w '%{http_code}' "$@")" ||
 		fail "curl could not reach $base: is the lab running? (lab serve, or scripts/cluster.sh --keep)"
+	read_fields
 }
 
-# jget PATH: a field of the last answer (dots separate nested names).
-jget() {
-	python3 - "$body" "$1" <<'PY'
+# read_fields reads every field of the last answer once (one python3 per
+# answer, not per field: its start-up is most of a step's time), as
+# NUL-separated pairs of a path (dots separate nested names) and a value;
+# the answer itself is the empty path, absent when it is not JSON.
+fields="$tmp/fields"
+read_fields() {
+	python3 - "$body" >"$fields" <<'PY'
 import json, sys
 try:
-    d = json.load(open(sys.argv[1]))
+    answer = json.load(open(sys.argv[1]))
 except ValueError:
-    sys.exit("the answer is not JSON")
-for k in sys.argv[2].split("."):
-    if isinstance(d, dict) and k in d:
-        d = d[k]
+    sys.exit(0)
+def put(path, v):
+    if isinstance(v, bool):
+        text = "true" if v else "false"
+    elif isinstance(v, (dict, list)):
+        text = json.dumps(v)
     else:
-        print("<missing>")
-        sys.exit(0)
-if isinstance(d, bool):
-    print("true" if d else "false")
-elif isinstance(d, (dict, list)):
-    print(json.dumps(d))
-else:
-    print(d)
+        text = str(v)
+    sys.stdout.write(path + "\0" + text + "\0")
+    if isinstance(v, dict):
+        for k, x in v.items():
+            put(path + "." + k if path else k, x)
+put("", answer)
 PY
+}
+
+# jget PATH: a field of the last answer, or <missing>.
+jget() {
+	local path value json=""
+	while IFS= read -r -d '' path && IFS= read -r -d '' value; do
+		[[ -n $path ]] || json=1
+		if [[ $path == "$1" ]]; then
+			printf '%s\n' "$value"
+			return
+		fi
+	done <"$fields"
+	[[ -n $json ]] || {
+		echo "the answer is not JSON" >&2
+		return 1
+	}
+	echo "<missing>"
 }
 
 # header NAME: a header of the last answer.
@@ -145,10 +167,11 @@ expect() {
 # Behind the cluster's front, calls are spread over the replicas: memory keys
 # live in one replica's heap, so a repeated call may find another replica that
 # never saw the key. Walk through with a store they all share.
-if curl -fsS -m 5 -o "$body" "$base/front/status" 2>/dev/null && [[ $(jget replicas) != "<missing>" ]]; then
+if curl -fsS -m 5 -o "$body" "$base/front/status" 2>/dev/null && read_fields && [[ $(jget replicas) != "<missing>" ]]; then
 	front=1
 fi
 : >"$body"
+: >"$fields"
 store="${WALKTHROUGH_STORE:-}"
 if [[ -z $store ]]; then
 	store=memory
