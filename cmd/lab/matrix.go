@@ -55,8 +55,14 @@ func runMatrix(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer stop()
+	// The cells that do not run come first, at once: the bar counts runs.
+	skipped := 0
 	mx, err := a.Service().Matrix(ctx, a.Public(), func(done, total int, c experiment.Case, cell experiment.Cell) {
-		bar.show(done, total, c.Name+" / "+string(cell.Store))
+		if !cell.Available {
+			skipped++
+			return
+		}
+		bar.show(done-skipped, total-skipped, c.Name+" / "+string(cell.Store))
 	})
 	bar.end()
 	if err != nil {

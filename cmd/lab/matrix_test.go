@@ -5,14 +5,21 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/history"
+	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/redisdb"
 	"github.com/idempotency-lab/lab/variants"
 )
@@ -27,10 +34,6 @@ func TestMatrixOutputOffATerminal(t *testing.T) {
 	t.Setenv("REDIS_URL", "")
 	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("lab matrix: %v\n%s", err, stderr.String())
-	}
-	cells := len(experiment.Cases()) * len(variants.Builtin())
-	if strings.Contains(stderr.String(), "\r") || !strings.Contains(stderr.String(), fmt.Sprintf("matrix: 1/%d retries / unsafe\n", cells)) {
-		t.Fatalf("progress off a terminal:\n%q", stderr.String())
 	}
 	out := stdout.String()
 	free := 0 // the designs that need no service run…
@@ -47,6 +50,19 @@ func TestMatrixOutputOffATerminal(t *testing.T) {
 	}
 	if _, err := redisdb.FindServer(); err != nil {
 		ran -= free // …but the Redis failover row needs redis-server
+	}
+	// The progress counts the runs, not the cells that do not run.
+	progress := regexp.MustCompile(`(?m)^matrix: (\d+)/(\d+) `).FindAllStringSubmatch(stderr.String(), -1)
+	if strings.Contains(stderr.String(), "level=") {
+		t.Errorf("log lines among the progress, for faults the matrix injects on purpose:\n%s", stderr.String())
+	}
+	if strings.Contains(stderr.String(), "\r") || len(progress) != ran || progress[0][0] != "matrix: 1/"+strconv.Itoa(ran)+" " {
+		t.Fatalf("progress off a terminal, want %d lines counting to %d:\n%s", ran, ran, stderr.String())
+	}
+	for i, p := range progress {
+		if p[1] != strconv.Itoa(i+1) || p[2] != strconv.Itoa(ran) {
+			t.Fatalf("progress line %d says %s/%s, want %d/%d", i+1, p[1], p[2], i+1, ran)
+		}
 	}
 	for _, want := range []string{"n/a: `redis` did not run here: set REDIS_URL", "n/a: `postgres` did not run here: set DATABASE_URL",
 		"n/a: `lease` did not run here: set DATABASE_URL", "n/a: `redis+postgres` did not run here: set DATABASE_URL and REDIS_URL", fmt.Sprintf("\n%d runs in ", ran)} {
@@ -112,4 +128,68 @@ func TestHealthURL(t *testing.T) {
 			t.Errorf("healthURL(%q, %q) = %q, want %q", tc.addr, tc.base, got, tc.want)
 		}
 	}
+}
+
+// TestInjectedFaultsAreNotIncidents: what the matrix's faults make happen
+// on purpose — an answer the provider withholds, a paused worker fenced
+// out — logs nothing at warn or above, so the matrix's progress shows no
+// such line; the same failures without their fault still do.
+func TestInjectedFaultsAreNotIncidents(t *testing.T) {
+	t.Parallel()
+	dbURL, schema := labtest.Postgres(t)
+	var logs logLines
+	a := startLab(t, func(c *app.Config) {
+		c.DatabaseURL, c.PGSchema, c.FaultsEnabled = dbURL, schema, true
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	for _, run := range []string{ // the matrix's cells whose faults logged as incidents
+		"/charge-unsafe?fault=applied_response_lost",
+		"/charge-idempotent?store=phases&fault=applied_response_lost",
+		"/charge-idempotent?store=lease&fault=stale_worker&work_ms=600&ttl_ms=150",
+		"/charge-idempotent?store=phases&fault=stale_worker&work_ms=600&ttl_ms=150",
+	} {
+		r := labtest.Do(t, http.MethodGet, a.URL()+run+"&key=fresh", nil, "")
+		if r.Status != http.StatusOK || strings.Contains(run, "stale_worker") && !strings.Contains(string(r.Body), `"fenced"`) {
+			t.Fatalf("%s: %d, want a run whose stale worker was fenced out:\n%s", run, r.Status, r.Body)
+		}
+	}
+	if logs.String() != "" {
+		t.Errorf("injected faults logged as incidents:\n%s", logs.String())
+	}
+
+	// A failure the fault did not ask for: the store is not there.
+	header := labtest.ChargeHeader(labtest.Acme, "k", http.Header{"Lab-Fault": {"applied_response_lost"}})
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=redis", header, `{"account":"acct-1","amount_cents":100}`); r.Status != http.StatusServiceUnavailable {
+		t.Fatalf("a charge on a store that is not there: %d %s", r.Status, r.Body)
+	}
+	// A provider that does not answer, unasked.
+	var down logLines
+	b := startLab(t, func(c *app.Config) {
+		c.ProviderURL, c.ProviderAPIKey, c.WebhookSecret = "http://127.0.0.1:1", "key", "secret"
+		c.Logger = slog.New(slog.NewTextHandler(&down, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	labtest.Charge(t, b.URL(), "unsafe", labtest.Acme, "k", `{"account":"acct-1","amount_cents":100}`)
+	for l, want := range map[*logLines]string{&logs: `level=ERROR msg="request failed"`, &down: `level=WARN msg="direct send to the provider failed`} {
+		if !strings.Contains(l.String(), want) {
+			t.Errorf("a real failure was not logged as one (%s):\n%s", want, l.String())
+		}
+	}
+}
+
+// logLines is a logger's output, written from the lab's goroutines.
+type logLines struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

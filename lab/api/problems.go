@@ -106,12 +106,21 @@ func toProblem(err error) (*problemError, time.Duration) {
 		"a service the lab depends on failed before the answer was known; retry with the same key to learn the outcome"), time.Second
 }
 
+// injected reports whether err is what the request's Lab-Fault asked
+// for: the outbox write outbox_fail fails, or the call whose answer
+// applied_response_lost has the provider withhold until it times out.
+func injected(r *http.Request, err error) bool {
+	f, _ := lab.ParseFaults(r.Header.Get(lab.FaultHeader))
+	var timeout interface{ Timeout() bool }
+	return errors.Is(err, lab.ErrOutboxWrite) || f.Has(lab.FaultAppliedResponseLost) && errors.As(err, &timeout) && timeout.Timeout()
+}
+
 // writeProblem sends err as application/problem+json.
 func writeProblem(c echo.Context, log *slog.Logger, err error) error {
 	p, retryAfter := toProblem(err)
 	// Injected failures are the lesson, and a client that went away its own
 	// business: neither is an incident.
-	if p.status >= 500 && !errors.Is(err, lab.ErrOutboxWrite) && !errors.Is(err, context.Canceled) {
+	if p.status >= 500 && !injected(c.Request(), err) && !errors.Is(err, context.Canceled) {
 		log.ErrorContext(c.Request().Context(), "request failed", "path", c.Path(), "code", p.code, "err", err)
 	}
 	if retryAfter > 0 {

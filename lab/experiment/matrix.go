@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/history"
+	"github.com/idempotency-lab/lab/lab/variant"
 )
 
 // Case is one row of the breakage matrix.
@@ -126,8 +128,8 @@ type MatrixRequest struct {
 	// "" when they can run.
 	PairUnavailable string
 	// PGPairUnavailable says why a store's cases that fail PostgreSQL
-	// over cannot run, "" when they can; applies is false when the design
-	// keeps no keys in PostgreSQL.
+	// over cannot run, "" when they can. It is asked only of a design the
+	// cases apply to (Case.AppliesTo), so applies is not read.
 	PGPairUnavailable func(store lab.StoreName) (how string, applies bool)
 	Targets           func(ctx context.Context, n int) ([]string, error)
 	Namespace         lab.Namespace // the caller's, as the API resolved it
@@ -137,48 +139,88 @@ type MatrixRequest struct {
 	Other             string
 	Account           string
 	Amount            int64
-	// Progress, when set, is told of each cell as it is decided.
+	// Progress, when set, is told of each cell as it is decided, done and
+	// total counting cells: first every cell that does not run, at once,
+	// then each run as it ends.
 	Progress func(done, total int, c Case, cell Cell)
+}
+
+// AppliesTo says whether the case applies to design v, and why not: a
+// PostgreSQL failover can lose only what the design keeps in PostgreSQL.
+func (c Case) AppliesTo(v variant.Variant) (bool, string) {
+	switch {
+	case !c.NeedsPGPair:
+		return true, ""
+	case !v.RequiresKey:
+		return false, fmt.Sprintf("`%s` keeps no keys, so the PostgreSQL failover rows do not apply to it", v.Name)
+	case !slices.Contains(v.Needs, variant.NeedPostgres):
+		return false, fmt.Sprintf("`%s` keeps its keys outside PostgreSQL, so the PostgreSQL failover rows do not apply to it", v.Name)
+	}
+	return true, ""
+}
+
+// PlanMatrix decides every cell before any runs: it runs (Available), does
+// not apply to its design, or cannot run here, saying why.
+func (r *Runner) PlanMatrix(req MatrixRequest) Matrix {
+	m := Matrix{Stores: req.Stores}
+	for _, c := range Cases() {
+		row := Row{Case: c}
+		for _, store := range req.Stores {
+			v, _ := r.Variants.Get(store)
+			applies, how := c.AppliesTo(v)
+			if applies {
+				switch how = req.Unavailable(store); {
+				case how != "":
+				case c.NeedsPair:
+					how = req.PairUnavailable
+				case c.NeedsPGPair:
+					how, _ = req.PGPairUnavailable(store)
+				}
+			}
+			row.Cells = append(row.Cells, Cell{Store: store, Available: how == "", HowToEnable: how, NotApplicable: !applies})
+		}
+		m.Rows = append(m.Rows, row)
+	}
+	return m
 }
 
 // RunMatrix runs every case on every available store, each on fresh keys.
 func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, error) {
 	start := time.Now()
-	m := Matrix{Stores: req.Stores}
-	cases := Cases()
-	total, done := len(cases)*len(req.Stores), 0
-	batch := uuid.NewString()[:8]
-	for _, c := range cases {
-		row := Row{Case: c}
-		for _, store := range req.Stores {
-			how := req.Unavailable(store)
-			applies := true
-			if c.NeedsPair && how == "" {
-				how = req.PairUnavailable
-			}
-			if c.NeedsPGPair && how == "" {
-				how, applies = req.PGPairUnavailable(store)
-			}
-			cell := Cell{Store: store, Available: how == "", HowToEnable: how, NotApplicable: !applies}
-			if cell.Available {
-				rep, err := r.runCase(ctx, req, c, store, batch)
-				if err != nil {
-					return m, fmt.Errorf("error running %s on %s: %w", c.Name, store, err)
-				}
-				cell.ExpectedCharges, cell.Charges = rep.ExpectedCharges, rep.KeyCharges
-				cell.ProviderCaptures, cell.ProviderReceipts = rep.ProviderCaptures, rep.ProviderReceipts
-				cell.Verdict, cell.ExpectedVerdict = rep.Verdict, rep.ExpectedVerdict
-				cell.Explanation, cell.Note, cell.RunID = rep.Explanation, rep.Note, rep.RunID
-				cell.Checked, cell.MoneyHolds = rep.Checked, rep.Money.Holds
-				cell.Run = &rep
-			}
-			row.Cells = append(row.Cells, cell)
-			done++
-			if req.Progress != nil {
-				req.Progress(done, total, c, cell)
+	m := r.PlanMatrix(req)
+	total, done := len(m.Rows)*len(m.Stores), 0
+	told := func(c Case, cell Cell) {
+		done++
+		if req.Progress != nil {
+			req.Progress(done, total, c, cell)
+		}
+	}
+	for _, row := range m.Rows { // what does not run is told first: nobody waits for it
+		for _, cell := range row.Cells {
+			if !cell.Available {
+				told(row.Case, cell)
 			}
 		}
-		m.Rows = append(m.Rows, row)
+	}
+	batch := uuid.NewString()[:8]
+	for _, row := range m.Rows {
+		for i := range row.Cells {
+			cell := &row.Cells[i]
+			if !cell.Available {
+				continue
+			}
+			rep, err := r.runCase(ctx, req, row.Case, cell.Store, batch)
+			if err != nil {
+				return m, fmt.Errorf("error running %s on %s: %w", row.Case.Name, cell.Store, err)
+			}
+			cell.ExpectedCharges, cell.Charges = rep.ExpectedCharges, rep.KeyCharges
+			cell.ProviderCaptures, cell.ProviderReceipts = rep.ProviderCaptures, rep.ProviderReceipts
+			cell.Verdict, cell.ExpectedVerdict = rep.Verdict, rep.ExpectedVerdict
+			cell.Explanation, cell.Note, cell.RunID = rep.Explanation, rep.Note, rep.RunID
+			cell.Checked, cell.MoneyHolds = rep.Checked, rep.Money.Holds
+			cell.Run = &rep
+			told(row.Case, *cell)
+		}
 	}
 	m.took = time.Since(start)
 	m.WallMS = ms(m.took)
@@ -299,8 +341,8 @@ func (m Matrix) notRun() string {
 	return b.String()
 }
 
-// runs counts the cells that really ran.
-func (m Matrix) runs() int {
+// Runs counts the cells that run (that ran, once the matrix has).
+func (m Matrix) Runs() int {
 	n := 0
 	for _, row := range m.Rows {
 		for _, c := range row.Cells {
@@ -366,7 +408,7 @@ func (m Matrix) WriteTable(w io.Writer) error {
 		}
 	}
 	b.WriteString(m.notRun())
-	fmt.Fprintf(&b, "\n%d runs in %s\n", m.runs(), m.took.Round(time.Millisecond))
+	fmt.Fprintf(&b, "\n%d runs in %s\n", m.Runs(), m.took.Round(time.Millisecond))
 	_, err := io.WriteString(w, b.String())
 	return err
 }

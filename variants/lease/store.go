@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -207,7 +208,11 @@ var errStaleCompletion = errors.New("the claim's token is no longer the key's")
 // claim was taken over while it worked. It answers with what the key holds
 // now.
 func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error) (lab.Outcome, error) {
-	s.log.WarnContext(ctx, "stale worker fenced out: the ledger refused its write", "key", a.Scope.Key, "token", cl.token, "err", cause)
+	level := slog.LevelWarn
+	if a.Faults.Has(lab.FaultStaleWorker) || lab.Stepped(ctx) {
+		level = slog.LevelInfo // the pause was injected: the fence at work is the lesson, not an incident
+	}
+	s.log.Log(ctx, level, "stale worker fenced out: the ledger refused its write", "key", a.Scope.Key, "token", cl.token, "err", cause)
 	r, err := s.read(ctx, a.Scope, s.now())
 	detail := fmt.Sprintf("write refused: token %d is stale", cl.token)
 	if err == nil {

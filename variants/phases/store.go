@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -228,7 +229,7 @@ func (s *Store) run(ctx context.Context, j *job, f lab.Faults) (lab.Outcome, err
 		}
 		switch {
 		case errors.Is(err, errFenced):
-			return s.fenced(ctx, j)
+			return s.fenced(ctx, j, f)
 		case err != nil:
 			s.release(j)
 			return lab.Outcome{}, err
@@ -377,8 +378,12 @@ var errFenced = errors.New("the key's lock was taken over")
 // fenced reports a phase the lock refused: this worker's lock ended and
 // another took the key over, so the phase committed nothing. It records
 // the refusal and answers with what the key holds now.
-func (s *Store) fenced(ctx context.Context, j *job) (lab.Outcome, error) {
-	s.log.WarnContext(ctx, "stale worker fenced out: its lock was taken over", "key", j.scope.Key, "token", j.token)
+func (s *Store) fenced(ctx context.Context, j *job, f lab.Faults) (lab.Outcome, error) {
+	level := slog.LevelWarn
+	if f.Has(lab.FaultStaleWorker) || lab.Stepped(ctx) {
+		level = slog.LevelInfo // the pause was injected: the fence at work is the lesson, not an incident
+	}
+	s.log.Log(ctx, level, "stale worker fenced out: its lock was taken over", "key", j.scope.Key, "token", j.token)
 	lab.MarkDetail(ctx, lab.PhaseFenced, fmt.Sprintf("phase refused at %s: token %d is no longer the key's", j.point, j.token))
 	if _, err := s.pool.Exec(ctx, j.scope.Namespace, `
 		INSERT INTO fenced_writes (tenant_id, idempotency_key, stale_token, charge_id, run_id, refused_at) VALUES ($1, $2, $3, $4, $5, $6)`,

@@ -57,7 +57,11 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	entry := lab.NewEntry(a, s.now())
 	if err := s.books.SendDirect(ctx, *lab.NewReceiptEvent(entry, a.Faults)); err != nil {
 		// Fire and forget: the charge goes on, its effects are lost.
-		s.log.WarnContext(ctx, "direct send to the provider failed; the charge goes on without it", "charge_id", entry.ChargeID, "err", err)
+		level := slog.LevelWarn
+		if a.Faults.Has(lab.FaultAppliedResponseLost) {
+			level = slog.LevelInfo // the answer the attempt asked the provider to withhold: the lesson, not an incident
+		}
+		s.log.Log(ctx, level, "direct send to the provider failed; the charge goes on without it", "charge_id", entry.ChargeID, "err", err)
 	}
 	if a.Faults.Has(lab.FaultOutboxFail) {
 		return lab.Outcome{}, fmt.Errorf("error applying charge %s after its direct send: %w", entry.ChargeID, lab.ErrOutboxWrite)
