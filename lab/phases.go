@@ -2,6 +2,7 @@ package lab
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,19 +36,19 @@ const (
 // header the lab's runner draws on the lanes. The zero value is not usable;
 // NewPhases starts the clock.
 type Phases struct {
-	start time.Time
-	mu    sync.Mutex
-	marks []phaseMark
+	arrival time.Time
+	mu      sync.Mutex
+	marks   []phaseMark
 }
 
 type phaseMark struct {
 	name   string
 	detail string
-	at     time.Duration
+	at     time.Time
 }
 
-// NewPhases starts recording at start (the request's arrival).
-func NewPhases(start time.Time) *Phases { return &Phases{start: start} }
+// NewPhases starts recording at arrival (the request's arrival).
+func NewPhases(arrival time.Time) *Phases { return &Phases{arrival: arrival} }
 
 type phasesKey struct{}
 
@@ -63,35 +64,64 @@ func Mark(ctx context.Context, name string) { MarkDetail(ctx, name, "") }
 // MarkDetail is Mark with a few words on what happened there, such as the
 // two tokens of a fenced write.
 func MarkDetail(ctx context.Context, name, detail string) {
-	p, _ := ctx.Value(phasesKey{}).(*Phases)
-	if p == nil {
-		return
+	if p, _ := ctx.Value(phasesKey{}).(*Phases); p != nil {
+		p.add(phaseMark{name, detail, time.Now()})
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.marks = append(p.marks, phaseMark{name, detail, time.Since(p.start)})
 }
 
-// ServerTiming renders the phases as a Server-Timing header value: each
-// phase's duration since the previous one (or the request's arrival), so
-// the running sum is when it ended. Empty when nothing was marked.
+// MarkBefore takes the instant now and returns what records name at it. A
+// write that makes the response visible to twins (a commit) is marked as
+// it is sent and recorded once it succeeded: a twin reads the response
+// only later, so its replay is never drawn before the commit.
+func MarkBefore(ctx context.Context, name string) (record func()) {
+	p, _ := ctx.Value(phasesKey{}).(*Phases)
+	if p == nil {
+		return func() {}
+	}
+	m := phaseMark{name: name, at: time.Now()}
+	return func() { p.add(m) }
+}
+
+func (p *Phases) add(m phaseMark) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.marks = append(p.marks, m)
+}
+
+// arrivalPhase names the request's arrival in Server-Timing: its desc is
+// the instant, in Unix microseconds, on the wall clock the lab's runner
+// shares with its servers, so the runner places every attempt's phases on
+// one clock, however late a request reached its server.
+const arrivalPhase = "arrival"
+
+// ServerTiming renders the phases as a Server-Timing header value: the
+// arrival's instant, then each phase's duration since the previous one
+// (or the arrival), so the running sum is when it ended. Empty when
+// nothing was marked.
 func (p *Phases) ServerTiming() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if len(p.marks) == 0 {
+		return ""
+	}
+	// In the order they happened: one marked before it was recorded may
+	// have been recorded after a later one.
+	slices.SortStableFunc(p.marks, func(a, b phaseMark) int { return a.at.Compare(b.at) })
+	// Whole microseconds of the wall clock, so that the runner's sums are exact.
+	prev := p.arrival.UnixMicro()
 	var b strings.Builder
-	var prev time.Duration
-	for i, m := range p.marks {
-		if i > 0 {
-			b.WriteString(", ")
-		}
+	b.WriteString(arrivalPhase + `;desc="` + strconv.FormatInt(prev, 10) + `"`)
+	for _, m := range p.marks {
+		at := m.at.UnixMicro()
+		b.WriteString(", ")
 		b.WriteString(m.name)
 		b.WriteString(";dur=")
-		b.WriteString(strconv.FormatFloat(float64(m.at-prev)/float64(time.Millisecond), 'f', 3, 64))
+		b.WriteString(strconv.FormatFloat(float64(at-prev)/1000, 'f', 3, 64))
 		if m.detail != "" {
 			b.WriteString(";desc=")
 			b.WriteString(strconv.Quote(m.detail))
 		}
-		prev = m.at
+		prev = at
 	}
 	return b.String()
 }
@@ -104,10 +134,10 @@ type PhaseAt struct {
 }
 
 // ParseServerTiming reads a Server-Timing value written by ServerTiming
-// back into each phase's end and detail. Entries without a duration, or
-// with one that is not a number, are skipped.
-func ParseServerTiming(v string) []PhaseAt {
-	var out []PhaseAt
+// back into the request's arrival (zero when the value has none) and each
+// phase's end and detail. Entries without a duration, or with one that is
+// not a number, are skipped.
+func ParseServerTiming(v string) (arrival time.Time, phases []PhaseAt) {
 	var sum float64
 	for _, entry := range splitOutsideQuotes(v, ',') {
 		parts := splitOutsideQuotes(entry, ';')
@@ -128,14 +158,17 @@ func ParseServerTiming(v string) []PhaseAt {
 				p.Detail = val
 			}
 		}
+		if us, err := strconv.ParseInt(p.Detail, 10, 64); p.Name == arrivalPhase && err == nil {
+			arrival = time.UnixMicro(us)
+		}
 		if dur < 0 {
 			continue
 		}
 		sum += dur
 		p.AtMS = sum
-		out = append(out, p)
+		phases = append(phases, p)
 	}
-	return out
+	return arrival, phases
 }
 
 // splitOutsideQuotes splits v at sep, except inside a quoted string (where

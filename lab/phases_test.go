@@ -8,13 +8,17 @@ import (
 )
 
 func TestServerTimingRoundTrip(t *testing.T) {
-	p := NewPhases(time.Now().Add(-5 * time.Millisecond))
+	arrival := time.Now().Add(-5 * time.Millisecond)
+	p := NewPhases(arrival)
 	ctx := WithPhases(context.Background(), p)
 	Mark(ctx, PhaseClaim)
 	Mark(ctx, PhaseCharge)
 	Mark(ctx, PhaseCommit)
 	Mark(context.Background(), PhaseReplay) // no recorder: nothing happens
-	got := ParseServerTiming(p.ServerTiming())
+	at, got := ParseServerTiming(p.ServerTiming())
+	if !at.Equal(time.UnixMicro(arrival.UnixMicro())) {
+		t.Errorf("arrival %v from %q, want %v to the microsecond", at, p.ServerTiming(), arrival)
+	}
 	var names []string
 	for i, g := range got {
 		names = append(names, g.Name)
@@ -27,14 +31,31 @@ func TestServerTimingRoundTrip(t *testing.T) {
 	}
 }
 
-func TestParseServerTimingSkipsWhatItCannotRead(t *testing.T) {
-	got := ParseServerTiming(`cache;desc="hit", db;dur=2.5, x;dur=oops, app;dur=1;desc=y`)
-	want := []PhaseAt{{"db", 2.5, ""}, {"app", 3.5, "y"}}
-	if !slices.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
+// A commit is marked as it is sent and recorded once it succeeded: it
+// keeps its instant, before a replay recorded meanwhile, and one never
+// recorded (the write failed) is no phase.
+func TestMarkBeforeKeepsItsInstant(t *testing.T) {
+	p := NewPhases(time.Now())
+	ctx := WithPhases(context.Background(), p)
+	commit := MarkBefore(ctx, PhaseCommit)
+	MarkBefore(ctx, PhaseCharge) // its write failed: never recorded
+	Mark(ctx, PhaseReplay)
+	commit()
+	_, got := ParseServerTiming(p.ServerTiming())
+	if len(got) != 2 || got[0].Name != PhaseCommit || got[1].Name != PhaseReplay {
+		t.Fatalf("got %+v from %q, want the commit, then the replay", got, p.ServerTiming())
 	}
-	if got := ParseServerTiming(""); len(got) != 0 {
-		t.Fatalf("empty header: %v", got)
+	MarkBefore(context.Background(), PhaseCommit)() // no recorder: nothing happens
+}
+
+func TestParseServerTimingSkipsWhatItCannotRead(t *testing.T) {
+	at, got := ParseServerTiming(`cache;desc="hit", db;dur=2.5, x;dur=oops, arrival;desc=soon, app;dur=1;desc=y`)
+	want := []PhaseAt{{"db", 2.5, ""}, {"app", 3.5, "y"}}
+	if !slices.Equal(got, want) || !at.IsZero() {
+		t.Fatalf("got %v arriving %v, want %v and no arrival", got, at, want)
+	}
+	if at, got := ParseServerTiming(""); len(got) != 0 || !at.IsZero() {
+		t.Fatalf("empty header: %v, %v", got, at)
 	}
 }
 
@@ -46,7 +67,7 @@ func TestServerTimingCarriesDetails(t *testing.T) {
 	Mark(ctx, PhaseClaim)
 	MarkDetail(ctx, PhaseFenced, `write refused: token 7 < 8; "stale", by one`)
 	Mark(ctx, PhaseReplay)
-	got := ParseServerTiming(p.ServerTiming())
+	_, got := ParseServerTiming(p.ServerTiming())
 	if len(got) != 3 || got[1].Name != PhaseFenced || got[1].Detail != `write refused: token 7 < 8; "stale", by one` || got[0].Detail != "" || got[2].Name != PhaseReplay {
 		t.Fatalf("got %+v from %q", got, p.ServerTiming())
 	}

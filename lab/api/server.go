@@ -495,13 +495,7 @@ func (s *Server) postCharge(c echo.Context) error {
 	ctx := lab.WithPhases(r.Context(), phases)
 	out, err := st.Charge(ctx, a)
 	s.metrics.observe(st.Name(), out, err, time.Since(began))
-	switch {
-	case err != nil || out.Pending != nil || !v.RequiresKey:
-	case out.Replayed:
-		lab.Mark(ctx, lab.PhaseReplay)
-	default:
-		lab.Mark(ctx, lab.PhaseCommit) // a keyed store returns once the response is stored
-	}
+	// Commit and replay are the store's marks, where it made the response visible or read it.
 	if timing := phases.ServerTiming(); timing != "" {
 		c.Response().Header().Set("Server-Timing", timing)
 	}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -97,7 +98,11 @@ func Fire(ctx context.Context, client *http.Client, reqs []Request, retry Retry)
 		}()
 	}
 	ready.Wait()
-	released = time.Now()
+	// On the wall clock alone, in whole microseconds, as the servers mark
+	// their phases (this machine's clock is theirs): Truncate drops the
+	// monotonic reading, so every Sub with released reads the wall clock,
+	// and phases of different attempts compare exactly.
+	released = time.Now().Truncate(time.Microsecond)
 	close(release)
 	done.Wait()
 	first, last := results[0].start, results[0].start
@@ -249,8 +254,14 @@ func exchange(client *http.Client, hr *http.Request, released time.Time) (Try, *
 	}
 	t.Status = resp.StatusCode
 	t.Replica = resp.Header.Get(ReplicaHeader)
-	for _, p := range lab.ParseServerTiming(resp.Header.Get("Server-Timing")) {
-		p.AtMS += t.StartMS
+	// Each phase at its instant on the server, from the request's arrival
+	// there: a request that reached its server late is drawn late.
+	arrival, phases := lab.ParseServerTiming(resp.Header.Get("Server-Timing"))
+	if arrival.IsZero() { // a server that does not say: from the try's start
+		arrival = start
+	}
+	for _, p := range phases {
+		p.AtMS = ms(arrival.Add(time.Duration(math.Round(p.AtMS*1000)) * time.Microsecond).Sub(released))
 		t.Phases = append(t.Phases, p)
 	}
 	t.Code = problemCode(t.Body)

@@ -167,6 +167,7 @@ func (s *Store) renew(ctx context.Context, sc lab.Scope, cl claim, lease time.Du
 // transaction.
 func (s *Store) write(ctx context.Context, a lab.Attempt, cl claim, retention time.Duration) (lab.Outcome, error) {
 	var resp lab.Response
+	var commit func()
 	err := s.pool.BeginTxFunc(ctx, a.Scope.Namespace, pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		a.ChargeID = cl.chargeID
 		entry := lab.NewEntry(a, s.now())
@@ -194,11 +195,13 @@ func (s *Store) write(ctx context.Context, a lab.Attempt, cl claim, retention ti
 			// the token is checked here instead.
 			return fmt.Errorf("key %s: %w", a.Scope.Key, errStaleCompletion)
 		}
+		commit = lab.MarkBefore(ctx, lab.PhaseCommit) // as the COMMIT is sent: no twin reads the response sooner
 		return nil
 	})
 	if err != nil {
 		return lab.Outcome{}, err
 	}
+	commit()
 	return lab.Outcome{Response: resp}, nil
 }
 
@@ -228,6 +231,7 @@ func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error
 	case err == nil && r.state == lab.KeyCompleted && r.fingerprint != a.Fingerprint:
 		return lab.Outcome{}, lab.ErrKeyReused // another request took the abandoned key over
 	case err == nil && r.state == lab.KeyCompleted:
+		lab.Mark(ctx, lab.PhaseReplay)
 		return lab.Outcome{Response: lab.Response{Status: *r.status, Body: r.body}, Replayed: true}, nil
 	}
 	return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}

@@ -26,6 +26,7 @@ func (s *Store) claimOrWait(ctx context.Context, a lab.Attempt, lease, retention
 		case r.fingerprint != a.Fingerprint:
 			return claim{}, lab.Outcome{}, lab.ErrKeyReused
 		case r.state == lab.KeyCompleted:
+			lab.Mark(ctx, lab.PhaseReplay)
 			return claim{}, lab.Outcome{Response: lab.Response{Status: *r.status, Body: r.body}, Replayed: true}, nil
 		case bound.Err() != nil && ctx.Err() == nil: // still working under a live lease: say where to look
 			pending := &lab.Operation{Key: a.Scope.Key, State: lab.KeyInFlight, Token: r.token, LeaseExpires: r.leaseExpires.UTC()}

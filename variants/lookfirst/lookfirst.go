@@ -62,6 +62,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		if ans.fingerprint != a.Fingerprint {
 			return lab.Outcome{}, lab.ErrKeyReused
 		}
+		lab.Mark(ctx, lab.PhaseReplay)
 		return lab.Outcome{Response: ans.resp, Replayed: true}, nil
 	}
 	// Absent. Nothing says so to anyone else: until the write below, every
@@ -93,6 +94,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		s.forget(lab.CrashRegion(a)) // charged, never recorded
 		return lab.Outcome{}, lab.ErrCrash
 	}
+	lab.Mark(ctx, lab.PhaseCommit) // before the answer is there for a twin to look up
 	s.mu.Lock()
 	s.seen[a.Scope] = answer{a.Fingerprint, resp, s.now().Add(a.Faults.RetentionOr(s.window))}
 	s.mu.Unlock()

@@ -105,6 +105,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		case e.fingerprint != a.Fingerprint:
 			return lab.Outcome{}, lab.ErrKeyReused
 		case state == completed: // its response never changes: replay it
+			lab.Mark(ctx, lab.PhaseReplay)
 			return lab.Outcome{Response: e.resp, Replayed: true}, nil
 		}
 		select {
@@ -114,6 +115,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			case crashed:
 				return lab.Outcome{}, lab.ErrCrash // the replica died under this request too
 			case completed:
+				lab.Mark(ctx, lab.PhaseReplay)
 				return lab.Outcome{Response: e.resp, Replayed: true}, nil
 			}
 			// The first request gave up and released the key, or its
@@ -189,6 +191,8 @@ func (s *Store) perform(ctx context.Context, e *entry, a lab.Attempt) (lab.Outco
 	}
 	// Charged: whatever ends the wait, the key completes with the response.
 	pauseErr := lab.Pause(ctx, lab.PointAfterCharge)
+	// Marked before settle shows the response to twins: they replay it only after.
+	lab.Mark(ctx, lab.PhaseCommit)
 	if !s.settle(e, completed, resp, a) { // the replica "died" meanwhile: this request dies with it
 		return lab.Outcome{}, lab.ErrCrash
 	}

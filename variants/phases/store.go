@@ -133,6 +133,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt) (*job, lab.Outcome, er
 			if err := lab.Pause(ctx, lab.PointBeforeReplayRead); err != nil {
 				return nil, lab.Outcome{}, err
 			}
+			lab.Mark(ctx, lab.PhaseReplay)
 			return nil, lab.Outcome{Response: r.response(), Replayed: true}, nil
 		case r.point != finished && r.point != started && r.fingerprint != a.Fingerprint:
 			return nil, lab.Outcome{}, lab.ErrKeyReused // the key is bound to the charge it created
@@ -392,6 +393,7 @@ func (s *Store) fenced(ctx context.Context, j *job, f lab.Faults) (lab.Outcome, 
 	}
 	r, err := s.read(ctx, j.scope, s.now())
 	if err == nil && r.point == finished {
+		lab.Mark(ctx, lab.PhaseReplay)
 		return lab.Outcome{Response: r.response(), Replayed: true}, nil
 	}
 	return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}

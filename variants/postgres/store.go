@@ -87,7 +87,7 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	case err != nil:
 		return lab.Outcome{}, err
 	case !claimed:
-		return replay(a, row) // 4. Replay
+		return replay(ctx, a, row) // 4. Replay
 	}
 	if err := lab.Pause(ctx, lab.PointAfterClaim); err != nil {
 		return lab.Outcome{}, err // rolled back: the claim goes with it
@@ -126,9 +126,11 @@ func (s *Store) charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		a.Scope.Tenant, a.Scope.Endpoint, a.Scope.Key, resp.Status, resp.Body, c.ID); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error storing response: %w", err)
 	}
+	commit := lab.MarkBefore(ctx, lab.PhaseCommit) // as the COMMIT is sent: no twin reads the row sooner
 	if err := tx.Commit(ctx); err != nil {
 		return lab.Outcome{}, fmt.Errorf("error committing charge: %w", err)
 	}
+	commit()
 	if a.Faults.Has(lab.FaultCrashAfterCharge) {
 		return lab.Outcome{}, lab.ErrCrash // committed; the response is lost on the way
 	}
@@ -218,12 +220,13 @@ func (s *Store) readKey(ctx context.Context, tx pgdb.Querier, sc lab.Scope, now 
 }
 
 // replay answers from the committed row: the stored response, or 422.
-func replay(a lab.Attempt, k keyRow) (lab.Outcome, error) {
+func replay(ctx context.Context, a lab.Attempt, k keyRow) (lab.Outcome, error) {
 	switch {
 	case k.fingerprint != a.Fingerprint:
 		return lab.Outcome{}, lab.ErrKeyReused
 	case k.state != lab.KeyCompleted || k.status == nil:
 		return lab.Outcome{}, &lab.InProgressError{RetryAfter: time.Second}
 	}
+	lab.Mark(ctx, lab.PhaseReplay)
 	return lab.Outcome{Response: lab.Response{Status: *k.status, Body: k.body}, Replayed: true}, nil
 }

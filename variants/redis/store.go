@@ -142,6 +142,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			return lab.Outcome{}, lab.ErrKeyReused
 		case d.state == lab.KeyCompleted:
 			// The replay: the first attempt's status and body, as they were sent.
+			lab.Mark(ctx, lab.PhaseReplay)
 			return lab.Outcome{Response: lab.Response{Status: d.rec.Status, Body: d.rec.Body}, Replayed: true}, nil
 		case d.unsettled:
 			// Take it over with its charge id: if the lost commit landed, the
@@ -223,8 +224,13 @@ func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inh
 	// shorter than the work. The charge happened: record it even if the
 	// client has gone.
 	rec := (record{Fingerprint: a.Fingerprint, Status: resp.Status, Body: resp.Body, CreatedAt: s.now().UTC()}).value()
-	if err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, rec, retention.Milliseconds()).Err(); err != nil {
+	commit := lab.MarkBefore(ctx, lab.PhaseCommit) // as the record is sent: no twin reads it sooner
+	stored, err := swap.Run(context.WithoutCancel(ctx), s.client, []string{k}, claim, rec, retention.Milliseconds()).Int()
+	if err != nil {
 		return lab.Outcome{}, fmt.Errorf("%w: storing the response failed after the charge: %w", lab.ErrStoreUnavailable, err)
+	}
+	if stored == 1 { // not when the claim had expired: the record was never written
+		commit()
 	}
 	if pauseErr != nil {
 		return lab.Outcome{}, pauseErr

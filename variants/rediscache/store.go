@@ -114,6 +114,7 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		case fp != a.Fingerprint:
 			return lab.Outcome{}, lab.ErrKeyReused
 		default:
+			lab.Mark(ctx, lab.PhaseReplay)
 			return lab.Outcome{Response: resp, Replayed: true, ReplayedFrom: FromRedis}, nil
 		}
 	case !errors.Is(err, goredis.Nil):
