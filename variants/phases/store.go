@@ -282,7 +282,7 @@ func (s *Store) createCharge(ctx context.Context, j *job, f lab.Faults) error {
 		return err
 	}
 	next := chargeCreated
-	err := s.pool.BeginTxFunc(ctx, j.scope.Namespace, pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err := s.commitPhase(ctx, j, func(tx pgx.Tx) error {
 		c, err := pgdb.ApplyTx(ctx, tx, lab.Apply{Entry: lab.NewEntry(j.attempt(), s.now())})
 		var oc *lab.OrderConflictError
 		switch {
@@ -317,7 +317,7 @@ func (s *Store) callProvider(ctx context.Context, j *job, f lab.Faults) error {
 		return fmt.Errorf("%w: the provider did not answer the capture of %s (the key stays at %s; a retry resumes there): %w",
 			lab.ErrStoreUnavailable, j.chargeID, j.point, err)
 	}
-	err = s.pool.BeginTxFunc(ctx, j.scope.Namespace, pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	err = s.commitPhase(ctx, j, func(tx pgx.Tx) error {
 		return s.advance(ctx, tx, j, providerCalled, capture)
 	})
 	if err != nil {
@@ -329,9 +329,8 @@ func (s *Store) callProvider(ctx context.Context, j *job, f lab.Faults) error {
 
 // finish is phase four: the receipt event in the outbox (its capture, made
 // again by the relay under the same key, is a replay) and the key finished.
-// The commit mark is the API's, once the response goes out.
 func (s *Store) finish(ctx context.Context, j *job, f lab.Faults) error {
-	return s.pool.BeginTxFunc(ctx, j.scope.Namespace, pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+	return s.commitPhase(ctx, j, func(tx pgx.Tx) error {
 		if f.Has(lab.FaultOutboxFail) && j.by == byRequest {
 			return lab.ErrOutboxWrite
 		}
@@ -340,6 +339,26 @@ func (s *Store) finish(ctx context.Context, j *job, f lab.Faults) error {
 		}
 		return s.advance(ctx, tx, j, finished, "")
 	})
+}
+
+// commitPhase runs one phase's writes in a transaction of its own. The
+// commit that finishes the key is marked as it is sent: a retry replays
+// the response only after it.
+func (s *Store) commitPhase(ctx context.Context, j *job, writes func(pgx.Tx) error) error {
+	commit := func() {}
+	err := s.pool.BeginTxFunc(ctx, j.scope.Namespace, pgdb.Short, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		if err := writes(tx); err != nil {
+			return err
+		}
+		if j.point == finished {
+			commit = lab.MarkBefore(ctx, lab.PhaseCommit)
+		}
+		return nil
+	})
+	if err == nil {
+		commit()
+	}
+	return err
 }
 
 // advance commits the key's next recovery point with the phase's writes,
