@@ -40,4 +40,4 @@ class LookFirstLedger(Ledger):
 
 
 if __name__ == "__main__":
-    sys.exit(serve(LookFirstLedger))
+    sys.exit(serve(LookFirstLedger, __doc__))

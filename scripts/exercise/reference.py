@@ -245,8 +245,8 @@ class Handler(BaseHTTPRequestHandler):
         self.handle_method("GET")
 
 
-def serve(ledger_class=Ledger):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def serve(ledger_class=Ledger, doc=__doc__):
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])  # the calling script's own docstring
     ap.add_argument("--port", type=int, default=8700, help="0 picks a free port")
     ap.add_argument("--db", default="", help="SQLite file (default: a new one in a temporary directory)")
     ap.add_argument("--retention-s", type=float, default=86400, help="how long a key is kept")
