@@ -130,11 +130,11 @@ func TestHealthURL(t *testing.T) {
 	}
 }
 
-// TestInjectedFaultsAreNotIncidents: what the matrix's faults make happen
+// TestMatrixFaultsAreNotIncidents: what the matrix's faults make happen
 // on purpose — an answer the provider withholds, a paused worker fenced
 // out — logs nothing at warn or above, so the matrix's progress shows no
 // such line; the same failures without their fault still do.
-func TestInjectedFaultsAreNotIncidents(t *testing.T) {
+func TestMatrixFaultsAreNotIncidents(t *testing.T) {
 	t.Parallel()
 	dbURL, schema := labtest.Postgres(t)
 	var logs logLines
