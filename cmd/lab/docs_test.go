@@ -136,9 +136,8 @@ func TestDocsCountTheMatrix(t *testing.T) {
 		t.Fatal(err)
 	}
 	mx := (&experiment.Runner{Variants: reg}).PlanMatrix(experiment.MatrixRequest{
-		Stores:            reg.Names(),
-		Unavailable:       func(lab.StoreName) string { return "" },
-		PGPairUnavailable: func(lab.StoreName) (string, bool) { return "", true },
+		Stores:      reg.Names(),
+		Unavailable: func(lab.StoreName) string { return "" },
 	})
 	want := map[string]int{"scenarios": len(mx.Rows), "designs": len(mx.Stores), "cells": len(mx.Rows) * len(mx.Stores), "runs": mx.Runs()}
 	readme := docs(t)["README.md"]

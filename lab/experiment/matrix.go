@@ -127,10 +127,9 @@ type MatrixRequest struct {
 	// PairUnavailable says how to enable the cases that fail Redis over,
 	// "" when they can run.
 	PairUnavailable string
-	// PGPairUnavailable says why a store's cases that fail PostgreSQL
-	// over cannot run, "" when they can. It is asked only of a design the
-	// cases apply to (Case.AppliesTo), so applies is not read.
-	PGPairUnavailable func(store lab.StoreName) (how string, applies bool)
+	// PGPairUnavailable says how to enable the cases that fail PostgreSQL
+	// over, on the designs they apply to (Case.AppliesTo), "" when they can run.
+	PGPairUnavailable string
 	Targets           func(ctx context.Context, n int) ([]string, error)
 	Namespace         lab.Namespace // the caller's, as the API resolved it
 	Tenant            string        // the namespace's first tenant, and its token
@@ -174,7 +173,7 @@ func (r *Runner) PlanMatrix(req MatrixRequest) Matrix {
 				case c.NeedsPair:
 					how = req.PairUnavailable
 				case c.NeedsPGPair:
-					how, _ = req.PGPairUnavailable(store)
+					how = req.PGPairUnavailable
 				}
 			}
 			row.Cells = append(row.Cells, Cell{Store: store, Available: how == "", HowToEnable: how, NotApplicable: !applies})

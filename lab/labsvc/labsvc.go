@@ -192,22 +192,13 @@ func (s *Service) Store(name lab.StoreName) (lab.Store, error) {
 	return st, nil
 }
 
-// pgPairUnavailable says why store's PostgreSQL failover cannot run here,
-// and whether it applies to the design at all.
-func (s *Service) pgPairUnavailable(store lab.StoreName) (string, bool) {
-	switch v, _ := s.cfg.Variants.Get(store); {
-	case !v.RequiresKey:
-		return fmt.Sprintf("`%s` keeps no keys, so the PostgreSQL failover rows do not apply to it", store), false
-	case !slices.Contains(v.Needs, variant.NeedPostgres):
-		return fmt.Sprintf("`%s` keeps its keys outside PostgreSQL, so the PostgreSQL failover rows do not apply to it", store), false
-	}
+// pgPairUnavailable says why the PostgreSQL failover cannot run here, ""
+// when it can (which designs it applies to is experiment.Case.AppliesTo's).
+func (s *Service) pgPairUnavailable() string {
 	if s.cfg.PGFailover == nil {
-		return "this lab has no PostgreSQL pair", true
+		return "this lab has no PostgreSQL pair"
 	}
-	if how := s.cfg.PGFailover.Unavailable(); how != "" {
-		return how, true
-	}
-	return "", true
+	return s.cfg.PGFailover.Unavailable()
 }
 
 // PairStore is the named store on the lab's PostgreSQL pair, where the
@@ -326,7 +317,7 @@ func (s *Service) Matrix(ctx context.Context, id tenants.Identity, progress func
 			return cmp.Or(s.cfg.Unavailable[store], "not available on this server")
 		},
 		PairUnavailable:   s.cfg.Replicas.PairUnavailable(),
-		PGPairUnavailable: s.pgPairUnavailable,
+		PGPairUnavailable: s.pgPairUnavailable(),
 		Targets:           s.cfg.Replicas.Targets, Namespace: id.Namespace, Tenant: id.Tenant, Token: id.Token,
 		OtherTenant: second.Tenant, Other: second.Token, Account: DefaultAccount, Amount: DefaultAmount,
 		Progress: func(done, total int, c experiment.Case, cell experiment.Cell) {
