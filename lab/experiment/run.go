@@ -648,7 +648,10 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		return err
 	}
 	rep.ReceiptsMissing = max(0, stats.Charges-rep.SideEffectsEmitted)
-	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
+	// The account's balance is the lab's books', as /idempotency/state reads
+	// it: a pg_failover run charges the PostgreSQL pair's books instead,
+	// which only its own figures read.
+	if err := reread(ctx, func() (err error) { rep.BalanceCents, err = r.Books.Balance(ctx, tenants[0], spec.Account); return err }); err != nil {
 		return fmt.Errorf("error reading the balance: %w", err)
 	}
 	rep.AccountBalanceCents = rep.BalanceCents
