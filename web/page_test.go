@@ -81,29 +81,84 @@ func browser(t *testing.T) (context.Context, func() []string) {
 	}
 }
 
+// size is a viewport the page is checked and shot at.
+type size struct {
+	name          string
+	width, height int64
+	opts          []chromedp.EmulateViewportOption
+}
+
+// sizes are a projector's width and a phone's. The phone is not emulated
+// as mobile: a mobile layout viewport widens to fit what overflows, which
+// would hide the very scroll the checks look for.
+func sizes() []size {
+	return []size{{"desktop", 1280, 900, nil}, {"phone", 390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateScale(2)}}}
+}
+
+// resize shows the page at sz, drawn again at its width as a window's
+// resize draws it.
+func resize(ctx context.Context, t *testing.T, sz size) {
+	t.Helper()
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(sz.width, sz.height, sz.opts...),
+		chromedp.Evaluate[chromedp.Void](`void window.dispatchEvent(new Event("resize"))`)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// layoutProblems lists what the page shows cut or on top of something
+// else: in a run's picture, a label over another label or over a mark, or
+// past the picture's edge; an input whose placeholder does not fit; a
+// figure's tile that sticks out of its grid or whose text sticks out of
+// the tile.
+const layoutProblems = `(() => {
+	const out = [], say = (el) => JSON.stringify(el.textContent.trim().slice(0, 40));
+	const over = (a, b) => Math.min(a.right, b.right) - Math.max(a.left, b.left) > 1 && Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top) > 1;
+	for (const svg of document.querySelectorAll("svg.lanes")) {
+		if (!svg.getClientRects().length) continue; // not shown
+		const box = svg.getBoundingClientRect(), texts = [...svg.querySelectorAll("text")];
+		// A mark's stroke reaches a pixel past its shape.
+		const marks = [...svg.querySelectorAll("g.phase")].map(m => { const r = m.getBoundingClientRect();
+			return { name: m.classList[1], r: { left: r.left - 1, right: r.right + 1, top: r.top - 1, bottom: r.bottom + 1 } }; });
+		texts.forEach((t, i) => {
+			const r = t.getBoundingClientRect();
+			if (r.left < box.left - 0.5 || r.right > box.right + 0.5 || r.top < box.top - 0.5 || r.bottom > box.bottom + 0.5) out.push("label " + say(t) + " cut at the picture's edge");
+			for (const u of texts.slice(i + 1)) if (over(r, u.getBoundingClientRect())) out.push("label " + say(t) + " over label " + say(u));
+			for (const m of marks) if (over(r, m.r)) out.push("label " + say(t) + " over a " + m.name + " mark");
+		});
+	}
+	const c = document.createElement("canvas").getContext("2d");
+	for (const el of document.querySelectorAll("input[placeholder]")) {
+		if (el.offsetParent === null) continue;
+		const cs = getComputedStyle(el);
+		c.font = cs.font;
+		const room = el.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+		if (c.measureText(el.placeholder).width > room) out.push("#" + el.id + "'s placeholder " + JSON.stringify(el.placeholder) + " cut to " + Math.round(room) + " px");
+	}
+	for (const grid of document.querySelectorAll(".figures")) {
+		if (grid.offsetParent === null) continue;
+		const g = grid.getBoundingClientRect();
+		for (const f of grid.children) {
+			const r = f.getBoundingClientRect();
+			if (r.left < g.left - 0.5 || r.right > g.right + 0.5) out.push("tile " + say(f) + " sticks out of its grid");
+			if (f.scrollWidth > f.clientWidth) out.push("tile " + say(f) + ": its text sticks out of it");
+		}
+	}
+	return out; })()`
+
 // shots saves the page as it is now, at desktop and at phone width, as PNGs
-// under the temp dir (lab-page-screenshots/) and logs their paths. At
-// phone width the page must not scroll sideways: wide tables scroll in
-// their own box.
+// under the temp dir (lab-page-screenshots/) and logs their paths; at each
+// width it holds the page to layoutProblems. At phone width the page must
+// not scroll sideways: wide tables scroll in their own box.
 func shots(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
 	dir := filepath.Join(os.TempDir(), "lab-page-screenshots")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, size := range []struct {
-		name          string
-		width, height int64
-		opts          []chromedp.EmulateViewportOption
-	}{
-		{"desktop", 1280, 900, nil},
-		// Not emulated as mobile: a mobile layout viewport widens to fit
-		// what overflows, which would hide the very scroll this looks for.
-		{"phone", 390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateScale(2)}},
-	} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(size.width, size.height, size.opts...),
-			chromedp.Evaluate[chromedp.Void](`void window.dispatchEvent(new Event("resize"))`)); err != nil {
-			t.Fatal(err)
+	for _, size := range sizes() {
+		resize(ctx, t, size)
+		if problems, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](layoutProblems)); err != nil || len(problems) > 0 {
+			t.Errorf("%s at %s width: %s (%v)", name, size.name, strings.Join(problems, "; "), err)
 		}
 		if size.name == "phone" {
 			if w, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[document.documentElement.scrollWidth, window.innerWidth]`)); err != nil || len(w) != 2 || w[1] != 390 || w[0] > 390 {
@@ -132,17 +187,18 @@ func shots(ctx context.Context, t *testing.T, name string) {
 			t.Fatal(err)
 		}
 		t.Logf("screenshot: %s", path)
-		if size.name == "desktop" { // the result panel alone, as the README shows it
-			png, err := chromedp.Run(ctx, chromedp.Screenshot(chromedp.ID("result")))
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(dir, name+"-result.png")
-			if err := os.WriteFile(path, png, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			t.Logf("screenshot: %s", path)
+		// The result panel alone, as the README shows it at desktop width.
+		if png, err = chromedp.Run(ctx, chromedp.Screenshot(chromedp.ID("result"))); err != nil {
+			t.Fatal(err)
 		}
+		path = filepath.Join(dir, name+"-result.png")
+		if size.name == "phone" {
+			path = filepath.Join(dir, name+"-result-phone.png")
+		}
+		if err := os.WriteFile(path, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot: %s", path)
 	}
 	if err := chromedp.Do(ctx, chromedp.EmulateReset()); err != nil {
 		t.Fatal(err)
@@ -273,7 +329,8 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 // TestPageShowsTheRace: unsafe and postgres side by side with 5 attempts
 // draw 5 lanes each, and the ledger figures under them (5 and 1 charges)
 // are the ledger's for those runs; a redis run with a slow fault draws the
-// claim's TTL ending before the first charge's commit; an admin token in
+// claim's TTL ending before the first charge, and no commit: every claim
+// ran out before its response was stored; an admin token in
 // the token field makes Reset work. No request leaves the machine and the
 // console stays clean.
 func TestPageShowsTheRace(t *testing.T) {
@@ -391,13 +448,23 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => { const first = document.querySelector("#result rect.ttl");
 		return [Number(first.dataset.start), Number(first.dataset.end),
-		Math.min(...[...document.querySelectorAll("#result g.phase.commit")].map(g => Number(g.dataset.at))),
-		Math.min(...[...document.querySelectorAll("#result g.phase.claim")].map(g => Number(g.dataset.at)))] })()`))
+		Math.min(...[...document.querySelectorAll("#result g.phase.charge")].map(g => Number(g.dataset.at))),
+		Math.min(...[...document.querySelectorAll("#result g.phase.claim")].map(g => Number(g.dataset.at))),
+		document.querySelectorAll("#result g.phase.commit").length] })()`))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(bars) != 4 || bars[0] != bars[3] || math.Abs(bars[1]-bars[0]-100) > 0.01 || !(bars[1] < bars[2]) {
-		t.Fatalf("TTL bar %v → %v, the first commit at %v, the first claim at %v: want the bar from the claim for 100 ms, over before the commit", bars[0], bars[1], bars[2], bars[3])
+	if len(bars) != 5 || bars[0] != bars[3] || math.Abs(bars[1]-bars[0]-100) > 0.01 || !(bars[1] < bars[2]) || bars[4] != 0 {
+		t.Fatalf("TTL bar %v → %v, the first charge at %v, the first claim at %v, %v commits: want the bar from the claim for 100 ms, over before the charge, and no commit", bars[0], bars[1], bars[2], bars[3], bars[4])
+	}
+	// Nothing stored it: each claim was gone, taken over or expired, when its owner came to write.
+	if k := labtest.Decode[struct {
+		State string `json:"key_state"`
+	}](t, labtest.Do(t, http.MethodGet, a.URL()+"/idempotency/state?store=redis&key=page-ttl-1", nil, "")); k.State != lab.KeyAbsent {
+		t.Errorf("the redis key after every claim ran out: %s, want absent", k.State)
+	}
+	if k, err := a.Books().KeyCharges(context.Background(), "acme", "redis", "page-ttl-1"); err != nil || k.Charges != 3 {
+		t.Errorf("the ledger holds %d charges for page-ttl-1 (%v): want 3, one per claim that ran out", k.Charges, err)
 	}
 	// The tiles show the run's own figures; a total says so, and money reads as money.
 	if tiles, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`["run-cents", "total-balance"].map(n => document.querySelector("#result [data-figure=" + n + "]").textContent)`)); err != nil ||

@@ -232,14 +232,8 @@ func panelShots(ctx context.Context, t *testing.T, name string) {
 	t.Helper()
 	shots(ctx, t, name)
 	dir := filepath.Join(os.TempDir(), "lab-page-screenshots")
-	for _, size := range []struct {
-		name          string
-		width, height int64
-		opts          []chromedp.EmulateViewportOption
-	}{{"desktop", 1280, 900, nil}, {"phone", 390, 844, []chromedp.EmulateViewportOption{chromedp.EmulateScale(2)}}} {
-		if err := chromedp.Do(ctx, chromedp.EmulateViewport(size.width, size.height, size.opts...)); err != nil {
-			t.Fatal(err)
-		}
+	for _, size := range sizes() {
+		resize(ctx, t, size)
 		// The lanes scroll in their own box; the panel never wider than the page.
 		if w, err := chromedp.Run(ctx, chromedp.Evaluate[[]int](`[document.getElementById("stepper").scrollWidth, document.getElementById("stepper").clientWidth]`)); err != nil || w[0] > w[1] {
 			t.Errorf("%s at %s width: the stepper panel is %v wide inside %v (%v)", name, size.name, w[0:1], w[1:], err)
@@ -263,7 +257,9 @@ func panelShots(ctx context.Context, t *testing.T, name string) {
 // it with next, one move at a time: after every move the lanes are the
 // server's run, a column per move. Both attempts look before either
 // writes, so the ledger holds 2 charges for the key and the verdict says
-// so; replaying the exported moves on a new run gives the same.
+// so; replaying the exported moves on a new run gives the same. Advanced
+// by hand in another order, it says what that play left instead, and why
+// next and play are grey.
 func TestStepperStepsASchedule(t *testing.T) {
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
