@@ -2,6 +2,8 @@ package web_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -62,6 +64,25 @@ func TestPageDrawsAPostgreSQLFailover(t *testing.T) {
 		// The lost charge is no row of the run's ledger.
 		if len(d.LostItems) == 1 && len(d.LedgerRows) == 1 && strings.HasPrefix(d.LostItems[0], strings.TrimSuffix(d.LedgerRows[0], "…")) {
 			t.Errorf("%s: the lost charge %s is listed as a ledger row of the run", mode, d.LostItems[0])
+		}
+		// The run's own figures are the pair's books; the account's balance
+		// is the lab's books', as /idempotency/state reads it.
+		state := labtest.Decode[struct {
+			Balance map[string]int64 `json:"balance_cents"`
+		}](t, labtest.Do(t, http.MethodGet, a.URL()+"/idempotency/state", nil, ""))
+		tiles, err := chromedp.Run(ctx, chromedp.Evaluate[map[string][]string](`Object.fromEntries([...document.querySelectorAll("#result [data-figure]")].map(f =>
+			[f.dataset.figure, [f.querySelector("b").textContent, f.dataset.books ?? "", f.querySelector(".books")?.textContent ?? ""]]))`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		balance := fmt.Sprintf("$%d.%02d", state.Balance["acme"]/100, state.Balance["acme"]%100)
+		if b := tiles["total-balance"]; len(b) != 3 || b[0] != balance || b[1] != "lab" || !strings.Contains(b[2], "lab's books") {
+			t.Errorf("%s: the balance tile shows %q; want the lab's books' %s (/idempotency/state), saying so", mode, b, balance)
+		}
+		for _, name := range []string{"run-charges", "run-cents"} {
+			if f := tiles[name]; len(f) != 3 || f[1] != "pair" || !strings.Contains(f[2], "PostgreSQL pair's books") {
+				t.Errorf("%s: the tile %s shows %q; want it said to be the PostgreSQL pair's books", mode, name, f)
+			}
 		}
 		shots(ctx, t, "pg-failover-"+mode)
 	}
