@@ -275,6 +275,9 @@ func TestStepperStepsASchedule(t *testing.T) {
 		v = s.next(v)
 	}
 	s.finished(a, v, 2, "violation")
+	if text := s.verdict(); !strings.Contains(text, "leaves 2 charge(s) every time it is played") {
+		t.Errorf("the schedule played as named: %q, want what it leaves every time", text)
+	}
 	panelShots(ctx, t, "stepper")
 
 	// The export, replayed: a new custom run of the same shape, the same
@@ -293,9 +296,47 @@ func TestStepperStepsASchedule(t *testing.T) {
 	}
 	s.check(r)
 	s.finished(a, r, 2, "violation")
+
+	// The schedule advanced by hand in another order, 1,1,1,1,2,2: from the
+	// second move on, the moves are the schedule's no longer, so next and
+	// play are grey and say why, and the end says what this play left
+	// (attempt 2 looked after attempt 1 wrote: 1 charge), not what the
+	// schedule leaves.
+	v = s.open("look-first-both-look")
+	for i, attempt := range []int{1, 1, 1, 1, 2, 2} {
+		v = s.click(v, fmt.Sprintf(`#stepBar button[data-advance="%d"]`, attempt))
+		if i != 1 {
+			continue
+		}
+		type grey struct {
+			Next, Play, Shown bool
+			Why               string
+		}
+		g, err := chromedp.Run(ctx, chromedp.Evaluate[grey](`(() => { const why = document.getElementById("stepWhy");
+			return { Next: document.getElementById("stepNext").disabled, Play: document.getElementById("stepPlay").disabled,
+				Shown: why.getClientRects().length > 0, Why: why.textContent }; })()`))
+		if err != nil || !g.Next || !g.Play || !g.Shown || !strings.Contains(g.Why, "left the schedule") {
+			t.Errorf("after moves %v, off the schedule %v: %+v (%v); want next and play grey, saying why", v.Steps, v.Planned, g, err)
+		}
+	}
+	s.finished(a, v, 1, "linearizable")
+	if text := s.verdict(); strings.Contains(text, "every time") || !strings.Contains(text, "left the schedule") || !strings.Contains(text, "left 1 charge(s)") {
+		t.Errorf("after moves %v, off the schedule %v: %q; want what this play left, 1 charge", v.Steps, v.Planned, text)
+	}
+	panelShots(ctx, t, "stepper-by-hand")
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page had problems: %v", p)
 	}
+}
+
+// verdict is the end of the run as the page words it.
+func (s stepper) verdict() string {
+	s.t.Helper()
+	text, err := chromedp.Run(s.ctx, chromedp.Evaluate[string](`document.getElementById("stepVerdict").textContent`))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return text
 }
 
 // TestStepperShowsTheBlock steps postgres-both-claim: after move 4 attempt
