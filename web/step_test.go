@@ -318,6 +318,7 @@ func TestStepperStepsASchedule(t *testing.T) {
 		if err != nil || !g.Next || !g.Play || !g.Shown || !strings.Contains(g.Why, "left the schedule") {
 			t.Errorf("after moves %v, off the schedule %v: %+v (%v); want next and play grey, saying why", v.Steps, v.Planned, g, err)
 		}
+		panelShots(ctx, t, "stepper-off-schedule")
 	}
 	s.finished(a, v, 1, "linearizable")
 	if text := s.verdict(); strings.Contains(text, "every time") || !strings.Contains(text, "left the schedule") || !strings.Contains(text, "left 1 charge(s)") {
