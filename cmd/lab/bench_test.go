@@ -9,8 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/bench"
 	"github.com/idempotency-lab/lab/lab/labtest"
@@ -22,7 +20,7 @@ import (
 // bench promises: every phase ran, every ledger check held, every path
 // moved. It never asserts a speed: the machine decides those.
 func TestBenchSmoke(t *testing.T) {
-	// Not parallel: its goroutine check would see the other tests' servers.
+	t.Parallel()
 	stores := []lab.StoreName{"unsafe", "memory"}
 	out := filepath.Join(t.TempDir(), "bench.json")
 	args := []string{"bench", "-smoke", "-json", out, "-embedded-postgres", "off", "-embedded-redis", "off"}
@@ -40,7 +38,6 @@ func TestBenchSmoke(t *testing.T) {
 	}
 	args = append(args, "-stores", strings.Join(names, ","))
 
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // every server and attacker stopped
 	var stdout, stderr bytes.Buffer
 	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("lab %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, stdout.String(), stderr.String())

@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/bench"
 	"github.com/idempotency-lab/lab/lab/labtest"
@@ -21,14 +19,13 @@ import (
 // PostgreSQL and Redis: every attendee walked every step of the path, every
 // check held, and the report says so. It never asserts a speed.
 func TestLoadSmoke(t *testing.T) {
-	// Not parallel: its goroutine check would see the other tests' servers.
+	t.Parallel()
 	out := filepath.Join(t.TempDir(), "load.json")
 	args := []string{"load", "-smoke", "-json", out, "-embedded-postgres", "off", "-embedded-redis", "off"}
 	dbURL, schema := labtest.Postgres(t)
 	redisURL, prefix := labtest.Redis(t)
 	args = append(args, "-database-url", dbURL, "-pg-schema", schema, "-redis-url", redisURL, "-redis-prefix", prefix)
 
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // the lab and every attendee stopped
 	var stdout, stderr bytes.Buffer
 	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("lab %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, stdout.String(), stderr.String())

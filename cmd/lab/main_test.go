@@ -9,14 +9,19 @@ import (
 	"sync"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
+// Every lab, server, attacker and attendee a test starts (lab bench's and
+// lab load's among them) must stop with it.
 func TestMain(m *testing.M) {
-	code := labtest.WithServices(m).Run()
-	_ = os.RemoveAll(binDir)
-	os.Exit(code)
+	goleak.VerifyTestMain(labtest.WithServices(m), goleak.Cleanup(func(code int) {
+		_ = os.RemoveAll(binDir)
+		os.Exit(code)
+	}))
 }
 
 // binDir holds the binary builtLab builds, removed when the tests end.

@@ -28,10 +28,9 @@ import (
 // buffers, as in CI or a pipe: plain progress lines (no carriage returns),
 // and n/a cells that say how to enable their store.
 func TestMatrixOutputOffATerminal(t *testing.T) {
+	t.Parallel()
 	var stdout, stderr bytes.Buffer
-	args := []string{"matrix", "-format", "table", "-embedded-postgres", "off", "-embedded-redis", "off"}
-	t.Setenv("DATABASE_URL", "")
-	t.Setenv("REDIS_URL", "")
+	args := []string{"matrix", "-format", "table", "-embedded-postgres", "off", "-embedded-redis", "off", "-database-url", "", "-redis-url", ""}
 	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("lab matrix: %v\n%s", err, stderr.String())
 	}

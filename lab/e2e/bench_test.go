@@ -9,6 +9,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -23,7 +24,7 @@ func benchmarkCharges(b *testing.B, store lab.StoreName, fresh bool) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	defer client.CloseIdleConnections()
 	post := func(key string) int {
-		req, _ := http.NewRequest(http.MethodPost, a.URL()+"/charges?store="+string(store), strings.NewReader(body2500))
+		req, _ := http.NewRequest(http.MethodPost, a.URL()+"/charges?store="+string(store), strings.NewReader(e2e.Body2500))
 		req.Header.Set("Authorization", "Bearer "+labtest.Acme)
 		req.Header.Set("Idempotency-Key", key)
 		resp, err := client.Do(req)
@@ -55,7 +56,7 @@ func benchmarkCharges(b *testing.B, store lab.StoreName, fresh bool) {
 func fullConfigB(b *testing.B) app.Config {
 	url, schema := labtest.Postgres(b)
 	redisURL, prefix := labtest.Redis(b)
-	return labConfig(func(c *app.Config) {
+	return e2e.Config(func(c *app.Config) {
 		c.DatabaseURL, c.PGSchema, c.RedisURL, c.RedisPrefix = url, schema, redisURL, prefix
 	})
 }

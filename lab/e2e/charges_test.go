@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
@@ -27,22 +27,11 @@ import (
 	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
-// TestMain fails the package when a test leaves a goroutine behind: every
-// lab, replica, relay, sweeper and pool must stop on Close.
-func TestMain(m *testing.M) {
-	code := labtest.WithServices(m).Run()
-	// Idle keep-alive connections of the tests' own client are not the lab's.
-	http.DefaultClient.CloseIdleConnections()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines left behind:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+// Every lab, replica, relay, sweeper and pool a test starts must stop on Close.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(labtest.WithServices(m)) }
 
-const body2500 = `{"account":"acct-1","amount_cents":2500,"currency":"USD"}`
+// idempotentStores are the stores every contract test covers.
+var idempotentStores = []lab.StoreName{memory.Name, redis.Name, postgres.Name}
 
 // fireCharges sends n identical charges at once, released together.
 func fireCharges(t *testing.T, base string, store lab.StoreName, token, key, run, body string, n int) []labtest.Reply {
@@ -86,42 +75,15 @@ func fireCharges(t *testing.T, base string, store lab.StoreName, token, key, run
 	return replies
 }
 
-// openRun opens a run of the public namespace (acme's), as the lab's own
-// runs do before their charges carry it in Lab-Run.
-func openRun(t *testing.T, a *app.App, run string) {
-	t.Helper()
-	if err := a.Books().OpenRun(context.Background(), "acme", run); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func runStats(t *testing.T, a *app.App, run string) lab.RunStats {
-	t.Helper()
-	s, err := a.Books().RunStats(context.Background(), "acme", run)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-func keyCharges(t *testing.T, a *app.App, tenant string, store lab.StoreName, key string) int {
-	t.Helper()
-	k, err := a.Books().KeyCharges(context.Background(), tenant, store, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k.Charges
-}
-
 // idempotentStores are the stores under test: memory always, the others
 // when their services are configured (see storeConfig).
 func TestConcurrentRetriesChargeOnce(t *testing.T) {
 	t.Parallel()
-	for _, store := range idempotentStores(t) {
+	for _, store := range idempotentStores {
 		t.Run(string(store), func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
-			openRun(t, a, "run-50-"+string(store))
-			replies := fireCharges(t, a.URL(), store, labtest.Acme, "k-"+string(store)+"-50", "run-50-"+string(store), body2500, 50)
+			a := labtest.Start(t, e2e.StoreConfig(t, store))
+			e2e.OpenRun(t, a, "run-50-"+string(store))
+			replies := fireCharges(t, a.URL(), store, labtest.Acme, "k-"+string(store)+"-50", "run-50-"+string(store), e2e.Body2500, 50)
 			var first []byte
 			fresh, replayed, inProgress := 0, 0, 0
 			for _, r := range replies {
@@ -148,7 +110,7 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 					t.Errorf("replay differs:\n%s\n%s", r.Body, first)
 				}
 			}
-			s := runStats(t, a, "run-50-"+string(store))
+			s := e2e.RunStats(t, a, "run-50-"+string(store))
 			if s.Charges != 1 || s.OutboxEvents != 1 {
 				t.Fatalf("ledger: %d charges, %d outbox events; want 1 and 1", s.Charges, s.OutboxEvents)
 			}
@@ -162,15 +124,15 @@ func TestConcurrentRetriesChargeOnce(t *testing.T) {
 
 func TestUnsafeChargesEveryAttempt(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
-	openRun(t, a, "run-unsafe")
-	replies := fireCharges(t, a.URL(), unsafestore.Name, labtest.Acme, "k-unsafe", "run-unsafe", body2500, 50)
+	a := labtest.Start(t, e2e.Config())
+	e2e.OpenRun(t, a, "run-unsafe")
+	replies := fireCharges(t, a.URL(), unsafestore.Name, labtest.Acme, "k-unsafe", "run-unsafe", e2e.Body2500, 50)
 	for _, r := range replies {
 		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 			t.Fatalf("reply %d replayed=%q", r.Status, r.Header.Get("Idempotent-Replayed"))
 		}
 	}
-	s := runStats(t, a, "run-unsafe")
+	s := e2e.RunStats(t, a, "run-unsafe")
 	got, err := a.Provider().Stats(t.Context(), provider.Filter{Run: "run-unsafe"})
 	if err != nil {
 		t.Fatal(err)
@@ -182,10 +144,10 @@ func TestUnsafeChargesEveryAttempt(t *testing.T) {
 
 func TestKeyReusedWithOtherPayload(t *testing.T) {
 	t.Parallel()
-	for _, store := range idempotentStores(t) {
+	for _, store := range idempotentStores {
 		t.Run(string(store), func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
-			if r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", body2500); r.Status != http.StatusCreated {
+			a := labtest.Start(t, e2e.StoreConfig(t, store))
+			if r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", e2e.Body2500); r.Status != http.StatusCreated {
 				t.Fatalf("first: %d %s", r.Status, r.Body)
 			}
 			r := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-reuse", `{"account":"acct-1","amount_cents":9999}`)
@@ -193,7 +155,7 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 				r.Header.Get("Content-Type") != "application/problem+json" {
 				t.Fatalf("reuse: %d %s %s", r.Status, r.Header.Get("Content-Type"), r.Body)
 			}
-			if n := keyCharges(t, a, "acme", store, "k-reuse"); n != 1 {
+			if n := e2e.KeyCharges(t, a, "acme", store, "k-reuse"); n != 1 {
 				t.Fatalf("ledger holds %d charges for the key, want 1", n)
 			}
 			// Field order, whitespace and the default currency do not change the fingerprint.
@@ -207,13 +169,13 @@ func TestKeyReusedWithOtherPayload(t *testing.T) {
 
 func TestBadRequestsChangeNothing(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	cases := []struct {
 		name, key, body, code, param string
 	}{
-		{"MissingKey", "", body2500, "idempotency_key_missing", ""},
-		{"LongKey", strings.Repeat("k", 256), body2500, "invalid_parameter", "Idempotency-Key"},
-		{"ControlCharInKey", "a\tb", body2500, "invalid_parameter", "Idempotency-Key"},
+		{"MissingKey", "", e2e.Body2500, "idempotency_key_missing", ""},
+		{"LongKey", strings.Repeat("k", 256), e2e.Body2500, "invalid_parameter", "Idempotency-Key"},
+		{"ControlCharInKey", "a\tb", e2e.Body2500, "invalid_parameter", "Idempotency-Key"},
 		{"MalformedJSON", "k-bad", `{"account":`, "invalid_parameter", "body"},
 		{"NegativeAmount", "k-bad", `{"account":"acct-1","amount_cents":-5}`, "invalid_parameter", "amount_cents"},
 		{"ZeroAmount", "k-bad", `{"account":"acct-1","amount_cents":0}`, "invalid_parameter", "amount_cents"},
@@ -224,7 +186,7 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		{"UnknownField", "k-bad", `{"account":"acct-1","amount_cents":1,"tip":5}`, "invalid_parameter", "tip"},
 		{"MissingAccount", "k-bad", `{"amount_cents":100}`, "invalid_parameter", "account"},
 		{"BadCurrency", "k-bad", `{"account":"acct-1","amount_cents":100,"currency":"US"}`, "invalid_parameter", "currency"},
-		{"TwoObjects", "k-bad", body2500 + body2500, "invalid_parameter", "body"},
+		{"TwoObjects", "k-bad", e2e.Body2500 + e2e.Body2500, "invalid_parameter", "body"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -242,21 +204,21 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		t.Fatalf("bad requests charged: %+v", s)
 	}
 	// Validation failures are never stored: the same key still works.
-	if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k-bad", body2500); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
+	if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k-bad", e2e.Body2500); r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("valid request after bad ones: %d %s", r.Status, r.Body)
 	}
 }
 
 func TestAuthAndStoreErrors(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
-	if r := labtest.Charge(t, a.URL(), memory.Name, "nope", "k", body2500); r.Status != http.StatusUnauthorized || labtest.Decode[lab.Problem](t, r).Code != "unauthorized" {
+	a := labtest.Start(t, e2e.Config())
+	if r := labtest.Charge(t, a.URL(), memory.Name, "nope", "k", e2e.Body2500); r.Status != http.StatusUnauthorized || labtest.Decode[lab.Problem](t, r).Code != "unauthorized" {
 		t.Fatalf("unknown token: %d %s", r.Status, r.Body)
 	}
-	if r := labtest.Charge(t, a.URL(), "sqlite", labtest.Acme, "k", body2500); r.Status != http.StatusBadRequest || labtest.Decode[lab.Problem](t, r).Param != "store" {
+	if r := labtest.Charge(t, a.URL(), "sqlite", labtest.Acme, "k", e2e.Body2500); r.Status != http.StatusBadRequest || labtest.Decode[lab.Problem](t, r).Param != "store" {
 		t.Fatalf("unknown store: %d %s", r.Status, r.Body)
 	}
-	r := labtest.Charge(t, a.URL(), redis.Name, labtest.Acme, "k", body2500)
+	r := labtest.Charge(t, a.URL(), redis.Name, labtest.Acme, "k", e2e.Body2500)
 	if r.Status != http.StatusServiceUnavailable || labtest.Decode[lab.Problem](t, r).Code != "store_unavailable" || !strings.Contains(string(r.Body), "REDIS_URL") {
 		t.Fatalf("unconfigured store: %d %s", r.Status, r.Body)
 	}
@@ -267,10 +229,10 @@ func TestAuthAndStoreErrors(t *testing.T) {
 
 func TestTenantsAreIsolated(t *testing.T) {
 	t.Parallel()
-	for _, store := range idempotentStores(t) {
+	for _, store := range idempotentStores {
 		t.Run(string(store), func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
-			acme := labtest.Charge(t, a.URL(), store, labtest.Acme, "shared-key", body2500)
+			a := labtest.Start(t, e2e.StoreConfig(t, store))
+			acme := labtest.Charge(t, a.URL(), store, labtest.Acme, "shared-key", e2e.Body2500)
 			globex := labtest.Charge(t, a.URL(), store, labtest.Globex, "shared-key", `{"account":"acct-1","amount_cents":700}`)
 			if acme.Status != http.StatusCreated || globex.Status != http.StatusCreated || globex.Header.Get("Idempotent-Replayed") != "" {
 				t.Fatalf("acme %d, globex %d %s", acme.Status, globex.Status, globex.Body)
@@ -282,7 +244,7 @@ func TestTenantsAreIsolated(t *testing.T) {
 			if !bytes.Equal(again.Body, globex.Body) {
 				t.Fatalf("globex replay %s, want its own %s", again.Body, globex.Body)
 			}
-			if keyCharges(t, a, "acme", store, "shared-key") != 1 || keyCharges(t, a, "globex", store, "shared-key") != 1 {
+			if e2e.KeyCharges(t, a, "acme", store, "shared-key") != 1 || e2e.KeyCharges(t, a, "globex", store, "shared-key") != 1 {
 				t.Fatal("want one charge per tenant")
 			}
 		})
@@ -291,26 +253,26 @@ func TestTenantsAreIsolated(t *testing.T) {
 
 func TestKeyIsNewAfterWindow(t *testing.T) {
 	t.Parallel()
-	for _, store := range idempotentStores(t) {
+	for _, store := range idempotentStores {
 		t.Run(string(store), func(t *testing.T) {
 			clock := labtest.NewClock(time.Now())
-			cfg := storeConfig(t, store)
+			cfg := e2e.StoreConfig(t, store)
 			cfg.Window, cfg.Clock = time.Second, clock.Now
 			a := labtest.Start(t, cfg)
-			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
-			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
+			first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", e2e.Body2500)
+			replay := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", e2e.Body2500)
 			if first.Status != http.StatusCreated || replay.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("first %d, replay %q", first.Status, replay.Header.Get("Idempotent-Replayed"))
 			}
 			clock.Advance(2 * time.Second) // memory and postgres expire keys by the lab's clock
 			if store == redis.Name {
-				waitKeyState(t, a.URL(), labtest.Acme, store, "k-window", lab.KeyAbsent) // Redis by its own TTL
+				e2e.WaitKeyState(t, a.URL(), labtest.Acme, store, "k-window", lab.KeyAbsent) // Redis by its own TTL
 			}
-			late := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", body2500)
+			late := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-window", e2e.Body2500)
 			if late.Status != http.StatusCreated || late.Header.Get("Idempotent-Replayed") != "" || bytes.Equal(late.Body, first.Body) {
 				t.Fatalf("after the window: %d replayed=%q", late.Status, late.Header.Get("Idempotent-Replayed"))
 			}
-			if n := keyCharges(t, a, "acme", store, "k-window"); n != 2 {
+			if n := e2e.KeyCharges(t, a, "acme", store, "k-window"); n != 2 {
 				t.Fatalf("ledger holds %d charges, want 2 (the documented contract)", n)
 			}
 		})
@@ -319,7 +281,7 @@ func TestKeyIsNewAfterWindow(t *testing.T) {
 
 func TestLabRoutes(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	unsafeRun := labtest.Get[experiment.Report](t, a.URL()+"/charge-unsafe?attempts=5", "")
 	if unsafeRun.ChargesApplied != 5 || unsafeRun.OverchargedCents != 10000 || unsafeRun.Verdict != lab.Breaks {
 		t.Fatalf("unsafe run: %+v", unsafeRun)
@@ -339,7 +301,7 @@ func TestLabRoutes(t *testing.T) {
 	if again.ExpectedCharges != 0 || again.RunChargedCents != 0 {
 		t.Fatalf("a run on a charged key should add nothing: expected %d, charged %d cents", again.ExpectedCharges, again.RunChargedCents)
 	}
-	if n := keyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
 		t.Fatalf("ledger: %d memory charges for order-4711, want 1", n)
 	}
 	for _, q := range []struct{ query, param string }{
@@ -354,7 +316,7 @@ func TestLabRoutes(t *testing.T) {
 			t.Errorf("%s: %d %s", q.query, r.Status, r.Body)
 		}
 	}
-	if n := keyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "order-4711"); n != 1 {
 		t.Fatalf("bad parameters charged: %d", n)
 	}
 	state := labtest.Decode[stateReply](t, labtest.Do(t, http.MethodGet, a.URL()+"/idempotency/state?limit=1", nil, ""))
@@ -379,9 +341,9 @@ func TestLabRoutes(t *testing.T) {
 
 func TestResetNeedsAdminToken(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig(func(c *app.Config) { c.AdminToken = "s3cret" }))
-	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", body2500)     // acme: the public namespace
-	labtest.Charge(t, a.URL(), memory.Name, labtest.Globex, "k-g", body2500) // globex: a namespace of its own
+	a := labtest.Start(t, e2e.Config(func(c *app.Config) { c.AdminToken = "s3cret" }))
+	labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k", e2e.Body2500)     // acme: the public namespace
+	labtest.Charge(t, a.URL(), memory.Name, labtest.Globex, "k-g", e2e.Body2500) // globex: a namespace of its own
 	// Every namespace at once only with the admin token, and only as a bearer token.
 	for _, h := range []http.Header{nil, {"Authorization": {"s3cret"}}, {"Authorization": {"Bearer " + labtest.Globex}}} {
 		if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?all=true", h, ""); r.Status != http.StatusUnauthorized {
@@ -391,21 +353,21 @@ func TestResetNeedsAdminToken(t *testing.T) {
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?all=true&token=s3cret", nil, ""); r.Status != http.StatusBadRequest {
 		t.Fatalf("reset with ?token=: %d", r.Status)
 	}
-	if keyCharges(t, a, "acme", memory.Name, "k") != 1 || keyCharges(t, a, "globex", memory.Name, "k-g") != 1 {
+	if e2e.KeyCharges(t, a, "acme", memory.Name, "k") != 1 || e2e.KeyCharges(t, a, "globex", memory.Name, "k-g") != 1 {
 		t.Fatal("a refused reset deleted charges")
 	}
 	// Without a token, a reset is the public namespace's: globex keeps its charge.
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab", nil, ""); r.Status != http.StatusOK {
 		t.Fatalf("reset of the public namespace: %d %s", r.Status, r.Body)
 	}
-	if keyCharges(t, a, "acme", memory.Name, "k") != 0 || keyCharges(t, a, "globex", memory.Name, "k-g") != 1 {
+	if e2e.KeyCharges(t, a, "acme", memory.Name, "k") != 0 || e2e.KeyCharges(t, a, "globex", memory.Name, "k-g") != 1 {
 		t.Fatal("the public reset reached another namespace, or kept its own charges")
 	}
 	h := http.Header{"Authorization": {"Bearer s3cret"}}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/reset-lab?all=true", h, ""); r.Status != http.StatusOK {
 		t.Fatalf("reset of every namespace with the admin token: %d %s", r.Status, r.Body)
 	}
-	if keyCharges(t, a, "globex", memory.Name, "k-g") != 0 {
+	if e2e.KeyCharges(t, a, "globex", memory.Name, "k-g") != 0 {
 		t.Fatal("the admin's reset kept charges")
 	}
 	// A store restart of every namespace needs the admin too; a run's own
@@ -420,7 +382,7 @@ func TestResetNeedsAdminToken(t *testing.T) {
 
 func TestBasePathAndMetrics(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig(func(c *app.Config) { c.BasePath = "/16" }))
+	a := labtest.Start(t, e2e.Config(func(c *app.Config) { c.BasePath = "/16" }))
 	if !strings.HasSuffix(a.URL(), "/16") {
 		t.Fatalf("URL %s", a.URL())
 	}
@@ -450,7 +412,7 @@ func TestBasePathAndMetrics(t *testing.T) {
 func TestOutboxIsDelivered(t *testing.T) {
 	t.Parallel()
 	ticked := testsignal.New() // after each turn of the lab's relay
-	a := labtest.Start(t, labConfig(func(c *app.Config) { c.Relay.Signals.Ticked = ticked }))
+	a := labtest.Start(t, e2e.Config(func(c *app.Config) { c.Relay.Signals.Ticked = ticked }))
 	labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?attempts=5&key=k-outbox", "")
 	ticked.WaitUntil(t, "the outbox delivered, one receipt", func() bool {
 		ob := labtest.Get[outboxReply](t, a.URL()+"/outbox", "")
@@ -464,7 +426,7 @@ func TestSummaryCountsOperations(t *testing.T) {
 	t.Parallel()
 	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 		t.Run(string(store), func(t *testing.T) {
-			a := labtest.Start(t, storeConfig(t, store))
+			a := labtest.Start(t, e2e.StoreConfig(t, store))
 			for i, account := range []string{"a", "b", "c"} {
 				body := fmt.Sprintf(`{"account":%q,"amount_cents":%d}`, account, 100*(i+1))
 				if r := labtest.Charge(t, a.URL(), unsafestore.Name, labtest.Acme, "", body); r.Status != http.StatusCreated {

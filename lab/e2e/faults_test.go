@@ -13,21 +13,16 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
 )
 
-// postWithFault sends a charge as acme carrying a Lab-Fault header, on a
-// connection of its own: a dropped connection is the error.
-func postWithFault(base string, store lab.StoreName, key, fault string) (labtest.Reply, error) {
-	return labtest.SendCharge(base, store, labtest.Acme, key, body2500, http.Header{lab.FaultHeader: {fault}})
-}
-
 func TestLostResponseAfterCommitReplays(t *testing.T) {
 	t.Parallel()
-	cfg := storeConfig(t, postgres.Name)
+	cfg := e2e.StoreConfig(t, postgres.Name)
 	schema := cfg.PGSchema
 	pool, err := pgxpool.New(context.Background(), cfg.DatabaseURL)
 	if err != nil {
@@ -35,14 +30,14 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 	}
 	defer pool.Close()
 	a := labtest.Start(t, cfg)
-	_, err = postWithFault(a.URL(), postgres.Name, "k-lost", string(lab.FaultCrashAfterCharge))
+	_, err = e2e.PostWithFault(a.URL(), postgres.Name, "k-lost", string(lab.FaultCrashAfterCharge))
 	if err == nil || !errors.Is(err, io.EOF) && !strings.Contains(err.Error(), "EOF") {
 		t.Fatalf("want a dropped connection, got %v", err)
 	}
-	if n := keyCharges(t, a, "acme", postgres.Name, "k-lost"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", postgres.Name, "k-lost"); n != 1 {
 		t.Fatalf("ledger after the lost response: %d charges, want 1 (committed)", n)
 	}
-	retry := labtest.Charge(t, a.URL(), postgres.Name, labtest.Acme, "k-lost", body2500)
+	retry := labtest.Charge(t, a.URL(), postgres.Name, labtest.Acme, "k-lost", e2e.Body2500)
 	if retry.Status != http.StatusCreated || retry.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("retry: %d replayed=%q %s", retry.Status, retry.Header.Get("Idempotent-Replayed"), retry.Body)
 	}
@@ -58,26 +53,26 @@ func TestLostResponseAfterCommitReplays(t *testing.T) {
 	if labtest.Decode[lab.Charge](t, retry).ID != id || string(retry.Body) != string(stored) {
 		t.Fatalf("replay %s, committed charge %s with response %s", retry.Body, id, stored)
 	}
-	if n := keyCharges(t, a, "acme", postgres.Name, "k-lost"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", postgres.Name, "k-lost"); n != 1 {
 		t.Fatalf("ledger after the retry: %d charges, want 1", n)
 	}
 }
 
 func TestFaultsCanBeSwitchedOff(t *testing.T) {
 	t.Parallel()
-	a, err := app.Start(context.Background(), labConfig(func(c *app.Config) { c.FaultsEnabled = false }))
+	a, err := app.Start(context.Background(), e2e.Config(func(c *app.Config) { c.FaultsEnabled = false }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close(context.Background())
-	resp, err := postWithFault(a.URL(), memory.Name, "k-f", string(lab.FaultCrashAfterCharge))
+	resp, err := e2e.PostWithFault(a.URL(), memory.Name, "k-f", string(lab.FaultCrashAfterCharge))
 	if err != nil || resp.Status != http.StatusBadRequest {
 		t.Fatalf("fault header with faults off: %v %v", resp, err)
 	}
 	if r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?fault=slow", nil, ""); r.Status != http.StatusForbidden || labtest.Decode[lab.Problem](t, r).Code != "faults_disabled" {
 		t.Fatalf("fault run with faults off: %d %s", r.Status, r.Body)
 	}
-	if n := keyCharges(t, a, "acme", memory.Name, "k-f"); n != 0 {
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "k-f"); n != 0 {
 		t.Fatalf("a refused fault charged %d times", n)
 	}
 	// Plain runs do not need faults.
@@ -87,7 +82,7 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 	if rep := labtest.Get[experiment.Report](t, a.URL()+"/charge-unsafe?attempts=3&key=k-plain", ""); rep.Verdict != lab.Breaks || rep.ChargesApplied != 3 {
 		t.Fatalf("plain unsafe run with faults off: %+v", rep)
 	}
-	resp, err = postWithFault(labtest.Start(t, labConfig()).URL(), memory.Name, "k-f", "meteor")
+	resp, err = e2e.PostWithFault(labtest.Start(t, e2e.Config()).URL(), memory.Name, "k-f", "meteor")
 	if err != nil || resp.Status != http.StatusBadRequest {
 		t.Fatalf("unknown fault: %v %v", resp, err)
 	}
@@ -97,7 +92,7 @@ func TestFaultsCanBeSwitchedOff(t *testing.T) {
 // flight: the charge completes and its client gets the answer.
 func TestShutdownFinishesInFlight(t *testing.T) {
 	t.Parallel()
-	a, err := app.Start(context.Background(), labConfig())
+	a, err := app.Start(context.Background(), e2e.Config())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,10 +102,10 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		resp, err := postWithFault(a.URL(), memory.Name, "k-shutdown", "slow; work_ms=400")
+		resp, err := e2e.PostWithFault(a.URL(), memory.Name, "k-shutdown", "slow; work_ms=400")
 		done <- result{resp, err}
 	}()
-	waitKeyState(t, a.URL(), labtest.Acme, memory.Name, "k-shutdown", lab.KeyInFlight) // the charge is in flight
+	e2e.WaitKeyState(t, a.URL(), labtest.Acme, memory.Name, "k-shutdown", lab.KeyInFlight) // the charge is in flight
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := a.Close(ctx); err != nil {
@@ -120,7 +115,7 @@ func TestShutdownFinishesInFlight(t *testing.T) {
 	if r.err != nil || r.resp.Status != http.StatusCreated {
 		t.Fatalf("in-flight charge during shutdown: %v %v", r.resp, r.err)
 	}
-	if n := keyCharges(t, a, "acme", memory.Name, "k-shutdown"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "k-shutdown"); n != 1 {
 		t.Fatalf("ledger holds %d charges, want 1", n)
 	}
 }

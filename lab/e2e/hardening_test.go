@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 )
@@ -20,7 +21,7 @@ import (
 // timeouts while normal requests keep working.
 func TestTimeoutsCloseSlowClients(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig(func(c *app.Config) {
+	a := labtest.Start(t, e2e.Config(func(c *app.Config) {
 		c.ReadTimeout, c.IdleTimeout = 400*time.Millisecond, 400*time.Millisecond
 	}))
 	addr := strings.TrimPrefix(a.URL(), "http://")
@@ -39,7 +40,7 @@ func TestTimeoutsCloseSlowClients(t *testing.T) {
 		if !closedWithin(t, head, " ", 5*time.Second) {
 			t.Fatal("a client trickling its body was never closed")
 		}
-		if n := keyCharges(t, a, "acme", memory.Name, "k-slow-body"); n != 0 {
+		if n := e2e.KeyCharges(t, a, "acme", memory.Name, "k-slow-body"); n != 0 {
 			t.Fatalf("the slow body was charged %d times", n)
 		}
 	})
@@ -49,7 +50,7 @@ func TestTimeoutsCloseSlowClients(t *testing.T) {
 		}
 	})
 	t.Run("NormalRequestsStillWork", func(t *testing.T) {
-		if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k-normal", body2500); r.Status != http.StatusCreated {
+		if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "k-normal", e2e.Body2500); r.Status != http.StatusCreated {
 			t.Fatalf("charge: %d %s", r.Status, r.Body)
 		}
 	})
@@ -61,7 +62,7 @@ func TestTimeoutsCloseSlowClients(t *testing.T) {
 // anything reads them, and nothing is charged.
 func TestBodiesMustSayTheirLength(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	addr := strings.TrimPrefix(a.URL(), "http://")
 	send := func(t *testing.T, raw string) int {
 		t.Helper()
@@ -85,7 +86,7 @@ func TestBodiesMustSayTheirLength(t *testing.T) {
 		return resp.StatusCode
 	}
 	head := "POST /charges?store=memory HTTP/1.1\r\nHost: lab\r\nAuthorization: Bearer " + labtest.Acme + "\r\nIdempotency-Key: k-te\r\n"
-	chunk := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(body2500), body2500)
+	chunk := fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(e2e.Body2500), e2e.Body2500)
 	for _, tc := range []struct {
 		name, raw string
 		want      int
@@ -104,7 +105,7 @@ func TestBodiesMustSayTheirLength(t *testing.T) {
 			}
 		})
 	}
-	if n := keyCharges(t, a, "acme", memory.Name, "k-te"); n != 0 {
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "k-te"); n != 0 {
 		t.Fatalf("refused bodies were charged %d times", n)
 	}
 }

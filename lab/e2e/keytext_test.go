@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -56,12 +57,12 @@ func wantTextRefused(t *testing.T, r labtest.Reply, param, char string) {
 // parameter on every idempotent store, and the ledger holds no charge for it.
 func TestKeyTextRefused(t *testing.T) {
 	t.Parallel()
-	for _, store := range idempotentStores(t) {
+	for _, store := range idempotentStores {
 		t.Run(string(store), func(t *testing.T) {
 			t.Parallel()
-			a := labtest.Start(t, storeConfig(t, store))
+			a := labtest.Start(t, e2e.StoreConfig(t, store))
 			for i, tc := range badTexts {
-				r := labtest.Charge(t, a.URL(), store, labtest.Acme, tc.text, body2500)
+				r := labtest.Charge(t, a.URL(), store, labtest.Acme, tc.text, e2e.Body2500)
 				if strings.Trim(tc.text, " \t") == "" { // HTTP's optional white space: the field arrives empty
 					if p := labtest.Decode[lab.Problem](t, r); r.Status != http.StatusBadRequest || p.Param != lab.KeyHeader {
 						t.Fatalf("%s: %d %s; want a 400 naming %s", tc.name, r.Status, r.Body, lab.KeyHeader)
@@ -72,7 +73,7 @@ func TestKeyTextRefused(t *testing.T) {
 				if r.Header.Get(lab.KeyHeader) != "" {
 					t.Errorf("%s: a refused key is echoed: %q", tc.name, r.Header.Get(lab.KeyHeader))
 				}
-				if n := keyCharges(t, a, "acme", store, tc.text); n != 0 {
+				if n := e2e.KeyCharges(t, a, "acme", store, tc.text); n != 0 {
 					t.Errorf("%s: the refused key %q charged %d times", tc.name, tc.text, n)
 				}
 
@@ -83,7 +84,7 @@ func TestKeyTextRefused(t *testing.T) {
 				body = `{"account":"acct-1","amount_cents":2500,"order_id":` + jsonText(t, tc.text) + `}`
 				wantTextRefused(t, labtest.Charge(t, a.URL(), store, labtest.Acme, key, body), "order_id", tc.char)
 				for _, k := range []string{fmt.Sprintf("kt-%s-account-%d", store, i), key} {
-					if n := keyCharges(t, a, "acme", store, k); n != 0 {
+					if n := e2e.KeyCharges(t, a, "acme", store, k); n != 0 {
 						t.Errorf("%s: %s charged %d times for a refused body", tc.name, k, n)
 					}
 				}
@@ -98,21 +99,21 @@ func TestKeyTextRefused(t *testing.T) {
 // and as e + U+0301 are two keys, each charged once.
 func TestKeyTextLookAlikes(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, memory.Name))
-	if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "kt-k", body2500); r.Status != http.StatusCreated {
+	a := labtest.Start(t, e2e.StoreConfig(t, memory.Name))
+	if r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "kt-k", e2e.Body2500); r.Status != http.StatusCreated {
 		t.Fatalf("kt-k: %d %s", r.Status, r.Body)
 	}
-	wantTextRefused(t, labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "kt-k\u00a0", body2500), lab.KeyHeader, "U+00A0")
-	if n := keyCharges(t, a, "acme", memory.Name, "kt-k"); n != 1 {
+	wantTextRefused(t, labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, "kt-k\u00a0", e2e.Body2500), lab.KeyHeader, "U+00A0")
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "kt-k"); n != 1 {
 		t.Fatalf("kt-k charged %d times, want 1", n)
 	}
 
 	for _, key := range []string{"kt-caf\u00e9", "kt-cafe\u0301"} {
-		r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, key, body2500)
+		r := labtest.Charge(t, a.URL(), memory.Name, labtest.Acme, key, e2e.Body2500)
 		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") == "true" {
 			t.Fatalf("%q: %d replayed %q; want a charge of its own", key, r.Status, r.Header.Get("Idempotent-Replayed"))
 		}
-		if n := keyCharges(t, a, "acme", memory.Name, key); n != 1 {
+		if n := e2e.KeyCharges(t, a, "acme", memory.Name, key); n != 1 {
 			t.Fatalf("%q charged %d times, want 1", key, n)
 		}
 	}
@@ -130,7 +131,7 @@ func TestKeyTextLookAlikes(t *testing.T) {
 // and the operation route's key follow the same rule.
 func TestKeyTextOtherRoutes(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	get := func(path string) labtest.Reply {
 		return labtest.Do(t, http.MethodGet, a.URL()+path, labtest.Bearer(labtest.Acme), "")
 	}
@@ -138,15 +139,15 @@ func TestKeyTextOtherRoutes(t *testing.T) {
 	wantTextRefused(t, get("/charge-idempotent?store=postgres&key=kt-1%C2%A0"), "key", "U+00A0")
 	wantTextRefused(t, get("/charge-idempotent?key=kt-run&account=acct%E2%81%A6-1"), "account", "U+2066")
 	wantTextRefused(t, get("/charge-idempotent?key=kt-run&order_id=+++"), "order_id", "U+0020")
-	if n := keyCharges(t, a, "acme", memory.Name, "kt-run"); n != 0 {
+	if n := e2e.KeyCharges(t, a, "acme", memory.Name, "kt-run"); n != 0 {
 		t.Fatalf("a refused run charged kt-run %d times", n)
 	}
 	wantTextRefused(t, get("/operations/%E2%80%AEkt?store=lease"), "key", "U+202E")
 
 	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, lab.KeyHeader: {"kt-lab-run"},
 		"Content-Type": {"application/json"}, "Lab-Run": {"run-\u202e1"}}
-	wantTextRefused(t, labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=postgres", h, body2500), "Lab-Run", "U+202E")
-	if n := keyCharges(t, a, "acme", postgres.Name, "kt-lab-run"); n != 0 {
+	wantTextRefused(t, labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=postgres", h, e2e.Body2500), "Lab-Run", "U+202E")
+	if n := e2e.KeyCharges(t, a, "acme", postgres.Name, "kt-lab-run"); n != 0 {
 		t.Fatalf("a refused Lab-Run charged %d times", n)
 	}
 }

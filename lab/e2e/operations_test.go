@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
@@ -17,7 +18,7 @@ import (
 // lease, then the final answer, which a retry replays.
 func TestOperationsRoute(t *testing.T) {
 	t.Parallel()
-	cfg := storeConfig(t, "postgres")
+	cfg := e2e.StoreConfig(t, "postgres")
 	cfg.BasePath = "/16"
 	cfg.InFlightWait = 100 * time.Millisecond
 	a := labtest.Start(t, cfg)
@@ -27,13 +28,13 @@ func TestOperationsRoute(t *testing.T) {
 		slow[k] = v
 	}
 	owner := make(chan labtest.Reply, 1)
-	go func() { owner <- labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", slow, body2500) }()
+	go func() { owner <- labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", slow, e2e.Body2500) }()
 	var accepted labtest.Reply
 	labtest.Eventually(t, "the owner's operation committed", func() bool {
 		accepted = labtest.Do(t, http.MethodGet, a.URL()+"/operations/k-op?store=lease", h, "")
 		return accepted.Status == http.StatusOK
 	})
-	twin := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", h, body2500)
+	twin := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", h, e2e.Body2500)
 	if twin.Status != http.StatusAccepted || twin.Header.Get("Location") != "/16/operations/k-op?store=lease" || twin.Header.Get("Retry-After") == "" {
 		t.Fatalf("twin during the work: %d %v %s; want 202 with Location and Retry-After", twin.Status, twin.Header, twin.Body)
 	}
@@ -49,7 +50,7 @@ func TestOperationsRoute(t *testing.T) {
 	if done.State != lab.KeyCompleted || done.Status != http.StatusCreated || !jsonEqual(done.Body, first.Body) {
 		t.Fatalf("operation after the work: %+v; want completed with the owner's 201", done)
 	}
-	if again := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", h, body2500); again.Status != http.StatusCreated ||
+	if again := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=lease", h, e2e.Body2500); again.Status != http.StatusCreated ||
 		again.Header.Get("Idempotent-Replayed") != "true" || string(again.Body) != string(first.Body) {
 		t.Fatalf("retry after the work: %d %s", again.Status, again.Body)
 	}
@@ -61,7 +62,7 @@ func TestOperationsRoute(t *testing.T) {
 	if r := labtest.Do(t, http.MethodGet, a.URL()+"/operations/k-op?store=postgres", h, ""); r.Status != http.StatusBadRequest {
 		t.Fatalf("postgres operations: %d %s", r.Status, r.Body)
 	}
-	if keyCharges(t, a, "acme", lease.Name, "k-op") != 1 {
+	if e2e.KeyCharges(t, a, "acme", lease.Name, "k-op") != 1 {
 		t.Fatal("want exactly one charge")
 	}
 }
@@ -82,7 +83,7 @@ func jsonEqual(a, b []byte) bool {
 // reports the write it fenced out, redis breaks.
 func TestStaleWorkerRunWithItsDefaults(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	for store, want := range map[lab.StoreName]lab.Verdict{lease.Name: lab.Holds, "redis": lab.Breaks} {
 		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?store="+string(store)+"&key=fresh&fault=stale_worker&attempts=3", nil, "")
 		if r.Status != http.StatusOK {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
 
@@ -51,7 +52,7 @@ var runFields = map[string]kind{
 // same: after one idempotent run its receipt is already delivered.
 func TestPeerFields(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	counters := map[string]kind{"runs": num, "attempts": num, "charges_applied": num, "duplicates_prevented": num,
 		"duplicates_applied": num, "idempotency_hits": num, "side_effects_emitted": num, "overcharged_cents": num}
 	row := map[string]kind{"key": str, "kind": str, "amount_cents": num, "at": str, "status": str, "via": str}

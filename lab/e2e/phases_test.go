@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
@@ -23,7 +24,7 @@ import (
 // store, which stores nothing, charges without claim or commit.
 func TestAttemptsReportTheirPhases(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, phases.Name, unsafestore.Name} {
 		path := "/charge-idempotent?store=" + string(store) + "&"
 		if store == unsafestore.Name {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/history"
 	"github.com/idempotency-lab/lab/lab/labtest"
@@ -18,7 +19,7 @@ import (
 // only through the ledger's read: without it, its answers are linearizable.
 func TestEveryRunIsProved(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	run := func(q string) experiment.Report {
 		t.Helper()
 		return labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?"+q, "")

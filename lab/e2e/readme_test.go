@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 )
@@ -86,7 +87,7 @@ func readmeWalkthrough(t *testing.T) []curlCommand {
 // with the ledger, and what the README promises holds on both passes.
 func TestReadmeWalkthroughTwice(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	cmds := readmeWalkthrough(t)
 	for pass := 1; pass <= 2; pass++ {
 		for _, c := range cmds {
@@ -102,8 +103,8 @@ func TestReadmeWalkthroughTwice(t *testing.T) {
 			}
 			rep := labtest.Decode[experiment.Report](t, r)
 			name := "pass " + strconv.Itoa(pass) + ": " + c.path
-			checkClaims(t, name, rep)
-			if n := keyCharges(t, a, rep.Tenant, rep.Store, rep.Key); n != rep.KeyCharges {
+			e2e.CheckExplanation(t, name, rep)
+			if n := e2e.KeyCharges(t, a, rep.Tenant, rep.Store, rep.Key); n != rep.KeyCharges {
 				t.Errorf("%s: the report says %d charges for the key, the ledger %d", name, rep.KeyCharges, n)
 			}
 			if m := regexp.MustCompile(`^(\d+) charges?`).FindStringSubmatch(c.comment); m != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/rediscache"
@@ -16,7 +17,7 @@ import (
 // replay latency.
 func TestCacheLossCostsOnlySpeed(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	run := func(query string) experiment.Report {
 		t.Helper()
 		// store=redis+postgres as typed in a shell: the '+' arrives as a space.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
 	"github.com/idempotency-lab/lab/variants/memory"
@@ -20,7 +21,7 @@ import (
 // retry would replay; a key never used is absent and shows nothing else.
 func TestKeyLookupShowsTheStoredResponse(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	h := labtest.Bearer(labtest.Acme)
 	type state struct {
 		Seen        string          `json:"key_state"`
@@ -31,7 +32,7 @@ func TestKeyLookupShowsTheStoredResponse(t *testing.T) {
 		Response    json.RawMessage `json:"response"`
 	}
 	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name, lease.Name, rediscache.Name} {
-		first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-inspect", body2500)
+		first := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-inspect", e2e.Body2500)
 		if first.Status != http.StatusCreated {
 			t.Fatalf("%s: %d %s", store, first.Status, first.Body)
 		}
@@ -43,7 +44,7 @@ func TestKeyLookupShowsTheStoredResponse(t *testing.T) {
 			got.Status != http.StatusCreated || stored.String() != answered.String() {
 			t.Errorf("%s: lookup %+v (response %s), want completed with the answer %s", store, got, got.Response, first.Body)
 		}
-		retry := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-inspect", body2500)
+		retry := labtest.Charge(t, a.URL(), store, labtest.Acme, "k-inspect", e2e.Body2500)
 		if !bytes.Equal(retry.Body, first.Body) || retry.Header.Get("Idempotent-Replayed") != "true" {
 			t.Errorf("%s: the retry answered %s", store, retry.Body)
 		}

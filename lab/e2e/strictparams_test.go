@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab/api"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -18,7 +19,7 @@ import (
 // the same 400 naming it — whether the route would have read it or not.
 func TestEveryRouteRefusesStrayParameters(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	index := labtest.Decode[api.Index](t, labtest.Do(t, http.MethodGet, a.URL()+"/", nil, ""))
 	if len(index.RouteParams) < 20 {
 		t.Fatalf("the index lists %d routes' parameters", len(index.RouteParams))
@@ -44,7 +45,7 @@ func TestEveryRouteRefusesStrayParameters(t *testing.T) {
 // goes on any store, the note saying where it has no effect.
 func TestRunsReadEveryParameterStrictly(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	for _, tc := range []struct{ query, param string }{
 		{"/charge-unsafe?key=junk-1&work_ms=-1", "work_ms"},
 		{"/charge-unsafe?key=junk-2&work_ms=abc&work_ms=xyz", "work_ms"},
@@ -67,14 +68,14 @@ func TestRunsReadEveryParameterStrictly(t *testing.T) {
 			if store == "unsafe" {
 				name = unsafestore.Name
 			}
-			if n := keyCharges(t, a, "acme", name, key); n != 0 {
+			if n := e2e.KeyCharges(t, a, "acme", name, key); n != 0 {
 				t.Errorf("%s: %d charges for %s after a refused run", store, n, key)
 			}
 		}
 	}
 	// ttl_ms with the slow fault, on a store whose claims have no TTL: it
 	// runs, and the note says the parameter did nothing there.
-	rep := labRun(t, a.URL(), memory.Name, "key=fresh&fault=slow&work_ms=50&ttl_ms=20&attempts=2")
+	rep := e2e.Run(t, a.URL(), memory.Name, "key=fresh&fault=slow&work_ms=50&ttl_ms=20&attempts=2")
 	if !strings.Contains(rep.Note, "ttl_ms has no effect on memory") {
 		t.Errorf("note %q: want it to say ttl_ms did nothing on memory", rep.Note)
 	}

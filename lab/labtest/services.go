@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"runtime"
@@ -76,6 +77,9 @@ func (s services) Run() (code int) {
 	cancel()
 	// Deferred, so a panic out of the tests stops them too.
 	defer func() {
+		// The idle keep-alive connections of the tests' own client (Do's)
+		// are not the code's: a goroutine check after Run must not see them.
+		http.DefaultClient.CloseIdleConnections()
 		if err := errors.Join(rd.stop(), pg.stop()); err != nil {
 			fmt.Fprintln(os.Stderr, "labtest: stopping the services:", err)
 			code = max(code, 1)

@@ -1,4 +1,4 @@
-package e2e_test
+package matrix_test
 
 import (
 	"net/http"
@@ -8,6 +8,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/redisdb"
@@ -20,7 +21,7 @@ import (
 // the lab runs with their explanation, and the matrix.
 func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig(func(c *app.Config) {
+	a := labtest.Start(t, e2e.Config(func(c *app.Config) {
 		c.Variants = append(variants.Builtin(), labtest.OneLock())
 		c.RedisPair = true // every row of the matrix runs, failover included
 	}))
@@ -34,17 +35,17 @@ func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 		t.Fatal("index.stores lacks the new variant")
 	}
 
-	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", body2500); r.Status != http.StatusCreated {
+	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", e2e.Body2500); r.Status != http.StatusCreated {
 		t.Fatalf("POST /charges: %d %s", r.Status, r.Body)
 	}
-	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", body2500); r.Header.Get("Idempotent-Replayed") != "true" {
+	if r := labtest.Charge(t, a.URL(), labtest.OneLockName, labtest.Acme, "k-toy", e2e.Body2500); r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("sequential retry: %d, replayed %q", r.Status, r.Header.Get("Idempotent-Replayed"))
 	}
 	rep := labtest.Get[experiment.Report](t, a.URL()+"/charge-idempotent?store="+string(labtest.OneLockName)+"&attempts=16&key=k-toy-storm", "")
 	if rep.Verdict != lab.Holds || rep.ExpectedVerdict != lab.Holds || rep.Explanation == "" {
 		t.Fatalf("run: %s, expected %q, explanation %q", rep.Verdict, rep.ExpectedVerdict, rep.Explanation)
 	}
-	if n := keyCharges(t, a, "acme", labtest.OneLockName, "k-toy-storm"); n != rep.KeyCharges || n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", labtest.OneLockName, "k-toy-storm"); n != rep.KeyCharges || n != 1 {
 		t.Fatalf("ledger holds %d charges, the report %d", n, rep.KeyCharges)
 	}
 

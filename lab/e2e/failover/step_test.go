@@ -1,4 +1,4 @@
-package e2e_test
+package failover_test
 
 import (
 	"net/http"
@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/step"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -25,7 +26,8 @@ type stepReply struct {
 	Error string `json:"error"`
 }
 
-// TestStepSchedulesRepeat plays every named schedule 20 times: the
+// TestStepSchedulesRepeat plays every named schedule five times (twice on
+// the PostgreSQL pair, whose failovers each rebuild a standby): the
 // interleaving alone decides the outcome, so the ledger holds the same
 // number of charges for the key every time.
 func TestStepSchedulesRepeat(t *testing.T) {
@@ -33,14 +35,18 @@ func TestStepSchedulesRepeat(t *testing.T) {
 	for _, sched := range step.Schedules() {
 		t.Run(sched.Name, func(t *testing.T) {
 			t.Parallel()
-			cfg := storeConfig(t, sched.Store)
+			cfg := e2e.StoreConfig(t, sched.Store)
 			faults, err := lab.ParseFaults(sched.Faults)
 			if err != nil {
 				t.Fatal(err)
 			}
 			cfg.RedisPair = faults.Point == lab.FaultFailover // two redis-server processes
 			a := labtest.Start(t, cfg)
-			for i := range 20 {
+			plays := 5
+			if faults.Replication != "" {
+				plays = 2
+			}
+			for i := range plays {
 				r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule="+sched.Name, nil, "")
 				if r.Status != http.StatusCreated {
 					t.Fatalf("play %d: %d %s", i+1, r.Status, r.Body)
@@ -56,13 +62,13 @@ func TestStepSchedulesRepeat(t *testing.T) {
 							lost++
 						}
 					}
-					if got := keyCharges(t, a, "acme", run.Store, run.Key); got != 0 || run.Ledger.Charges != sched.Charges || lost != sched.Lost {
+					if got := e2e.KeyCharges(t, a, "acme", run.Store, run.Key); got != 0 || run.Ledger.Charges != sched.Charges || lost != sched.Lost {
 						t.Fatalf("play %d: the pair's books hold %d charges for %s and %d answered are lost (the lab's own %d), want %d and %d: %s",
 							i+1, run.Ledger.Charges, run.Key, lost, got, sched.Charges, sched.Lost, r.Body)
 					}
 					continue
 				}
-				if got := keyCharges(t, a, "acme", run.Store, run.Key); got != sched.Charges || run.Ledger.Charges != got {
+				if got := e2e.KeyCharges(t, a, "acme", run.Store, run.Key); got != sched.Charges || run.Ledger.Charges != got {
 					t.Fatalf("play %d: the books hold %d charges for %s (answer says %d), want %d: %s",
 						i+1, got, run.Key, run.Ledger.Charges, sched.Charges, r.Body)
 				}
@@ -76,7 +82,7 @@ func TestStepSchedulesRepeat(t *testing.T) {
 // unique index; then attempt 1 commits and attempt 2 replays.
 func TestStepPostgresShowsTheBlock(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=postgres&attempts=2&replicas=2", nil, "")
 	if started.Status != http.StatusCreated {
 		t.Fatalf("start: %d %s", started.Status, started.Body)
@@ -107,7 +113,7 @@ func TestStepPostgresShowsTheBlock(t *testing.T) {
 		t.Fatalf("the books show %d charges before attempt 1 committed", mid.Ledger.Charges)
 	}
 	end := advance("1,1,2")
-	if !end.Over || end.Ledger.Charges != 1 || keyCharges(t, a, "acme", postgres.Name, end.Key) != 1 {
+	if !end.Over || end.Ledger.Charges != 1 || e2e.KeyCharges(t, a, "acme", postgres.Name, end.Key) != 1 {
 		t.Fatalf("want one charge once over: %+v", end)
 	}
 	if ans := end.Attempts[1].Answer; ans == nil || !ans.Replayed || ans.Status != http.StatusCreated ||
@@ -120,13 +126,13 @@ func TestStepPostgresShowsTheBlock(t *testing.T) {
 // caller's namespace is a 400, and charges nothing.
 func TestStepHeaderRefused(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Idempotency-Key": {"k-step-refused"}, step.Header: {"step-nope/1"}}
-	r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500)
+	r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, e2e.Body2500)
 	if r.Status != http.StatusBadRequest || labtest.Decode[lab.Problem](t, r).Param != step.Header {
 		t.Fatalf("want 400 naming %s, got %d %s", step.Header, r.Status, r.Body)
 	}
-	if got := keyCharges(t, a, "acme", "memory", "k-step-refused"); got != 0 {
+	if got := e2e.KeyCharges(t, a, "acme", "memory", "k-step-refused"); got != 0 {
 		t.Fatalf("a refused stepped attempt charged %d times", got)
 	}
 	// Another namespace's stepped run is no gate for globex.
@@ -136,7 +142,7 @@ func TestStepHeaderRefused(t *testing.T) {
 	}
 	h.Set("Authorization", "Bearer "+labtest.Globex)
 	h.Set(step.Header, labtest.Decode[stepReply](t, started).ID+"/1")
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500); r.Status != http.StatusBadRequest {
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, e2e.Body2500); r.Status != http.StatusBadRequest {
 		t.Fatalf("globex joined acme's stepped run: %d %s", r.Status, r.Body)
 	}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, ""); r.Status != http.StatusConflict {
@@ -150,7 +156,7 @@ func TestStepHeaderRefused(t *testing.T) {
 // then charge.
 func TestStepTheTTLsEndIsAMove(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, redis.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, redis.Name))
 	r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule=redis-ttl-runs-out", nil, "")
 	if r.Status != http.StatusCreated {
 		t.Fatalf("play: %d %s", r.Status, r.Body)
@@ -172,7 +178,7 @@ func TestStepTheTTLsEndIsAMove(t *testing.T) {
 	if after.State != lab.KeyAbsent {
 		t.Fatalf("after the ttl move the store held %+v, want nothing", after)
 	}
-	if got := keyCharges(t, a, "acme", redis.Name, run.Key); got != 2 || run.Ledger.Charges != 2 {
+	if got := e2e.KeyCharges(t, a, "acme", redis.Name, run.Key); got != 2 || run.Ledger.Charges != 2 {
 		t.Fatalf("the books hold %d charges, want 2: %s", got, r.Body)
 	}
 }
@@ -182,7 +188,7 @@ func TestStepTheTTLsEndIsAMove(t *testing.T) {
 // its lock_timeout would have made it; the owner then charges once.
 func TestStepTheWaitMove(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=postgres&attempts=2", nil, "")
 	if started.Status != http.StatusCreated {
 		t.Fatalf("start: %d %s", started.Status, started.Body)
@@ -197,7 +203,7 @@ func TestStepTheWaitMove(t *testing.T) {
 		t.Fatalf("after the wait move attempt 2 answered %+v, want 409 in_progress", ans)
 	}
 	r = labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?schedule=1,1", nil, "")
-	if v = labtest.Decode[stepReply](t, r); !v.Over || keyCharges(t, a, "acme", postgres.Name, v.Key) != 1 {
+	if v = labtest.Decode[stepReply](t, r); !v.Over || e2e.KeyCharges(t, a, "acme", postgres.Name, v.Key) != 1 {
 		t.Fatalf("want one charge once over: %s", r.Body)
 	}
 }
@@ -206,7 +212,7 @@ func TestStepTheWaitMove(t *testing.T) {
 // draws the same one with the same outcome.
 func TestStepSeededSchedules(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	play := func(seed string) stepReply {
 		t.Helper()
 		started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=look-first&attempts=3", nil, "")
@@ -224,7 +230,7 @@ func TestStepSeededSchedules(t *testing.T) {
 			t.Fatalf("seed %s drew %s (%d charges), then %s (%d)", seed, step.FormatMoves(x.Steps), x.Ledger.Charges,
 				step.FormatMoves(y.Steps), y.Ledger.Charges)
 		}
-		if got := keyCharges(t, a, "acme", "look-first", y.Key); got != y.Ledger.Charges || got < 1 {
+		if got := e2e.KeyCharges(t, a, "acme", "look-first", y.Key); got != y.Ledger.Charges || got < 1 {
 			t.Fatalf("seed %s: the books hold %d charges, the answer says %d", seed, got, y.Ledger.Charges)
 		}
 	}
@@ -235,7 +241,7 @@ func TestStepSeededSchedules(t *testing.T) {
 // PostgreSQL's one charge linearizable.
 func TestAStepppedRunIsARun(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	for name, want := range map[string]string{"look-first-both-look": "violation", "postgres-both-claim": "linearizable"} {
 		r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?schedule="+name, nil, "")
 		run := labtest.Decode[stepReply](t, r)
@@ -261,7 +267,7 @@ func TestAStepppedRunIsARun(t *testing.T) {
 // a stepped run, and asking for it is a 400 naming the move.
 func TestStepRefusesTimeDrivenFaults(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2&fault=stale_worker", nil, "")
 	if p := labtest.Decode[lab.Problem](t, r); r.Status != http.StatusBadRequest || p.Param != "fault" || !strings.Contains(p.Detail, "lease move") {
 		t.Fatalf("want 400 naming fault: %d %s", r.Status, r.Body)
@@ -278,7 +284,7 @@ func TestStepRefusesTimeDrivenFaults(t *testing.T) {
 // the key charges once afterwards, and another run can start at once.
 func TestStepAbort(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	started := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, "")
 	id := labtest.Decode[stepReply](t, started).ID
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step/"+id+"/advance?schedule=1,1", nil, ""); r.Status != http.StatusOK {
@@ -296,10 +302,10 @@ func TestStepAbort(t *testing.T) {
 		t.Fatalf("abort: %d %s", r.Status, r.Body)
 	}
 	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Idempotency-Key": {id}}
-	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, body2500); r.Status != http.StatusCreated {
+	if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, e2e.Body2500); r.Status != http.StatusCreated {
 		t.Fatalf("the aborted run's key after the abort: %d %s", r.Status, r.Body)
 	}
-	if got := keyCharges(t, a, "acme", "memory", id); got != 1 {
+	if got := e2e.KeyCharges(t, a, "acme", "memory", id); got != 1 {
 		t.Fatalf("the key holds %d charges after the abort and one charge", got)
 	}
 	if r := labtest.Do(t, http.MethodPost, a.URL()+"/lab/step?store=memory&attempts=2", nil, ""); r.Status != http.StatusCreated {
@@ -312,7 +318,7 @@ func TestStepAbort(t *testing.T) {
 // again; postgres committed the key with the charge, and the retry replays.
 func TestStepWithACrash(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	// Attempt 1 to its crash (memory dies right after its charge, postgres
 	// after its commit, past after_charge), then attempt 2 to its answer.
 	for store, c := range map[string]struct {
@@ -333,7 +339,7 @@ func TestStepWithACrash(t *testing.T) {
 		if ans := v.Attempts[0].Answer; ans == nil || ans.Status != 0 || ans.Error == "" {
 			t.Fatalf("%s: the crashed attempt got %+v, want no answer", store, ans)
 		}
-		if got := keyCharges(t, a, "acme", lab.StoreName(store), v.Key); got != want || v.Ledger.Charges != want {
+		if got := e2e.KeyCharges(t, a, "acme", lab.StoreName(store), v.Key); got != want || v.Ledger.Charges != want {
 			t.Fatalf("%s: the books hold %d charges after the crash (the answer says %d), want %d", store, got, v.Ledger.Charges, want)
 		}
 	}

@@ -1,4 +1,4 @@
-package e2e_test
+package failover_test
 
 import (
 	"net/http"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/phases"
 )
@@ -18,10 +19,10 @@ import (
 // its own. The ledger and the provider hold one charge and one capture.
 func TestPhasesRunShowsTheResume(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, phases.Name))
-	rep := labRun(t, a.URL(), phases.Name, "key=k-resume&attempts=3&fault=crash_after_phase&phase=2&ttl_ms=300")
-	if rep.Verdict != lab.Holds || keyCharges(t, a, "acme", phases.Name, "k-resume") != 1 || rep.ProviderCaptures != 1 {
-		t.Fatalf("verdict %s, %d charge(s), %d capture(s); want holds, one of each", rep.Verdict, keyCharges(t, a, "acme", phases.Name, "k-resume"), rep.ProviderCaptures)
+	a := labtest.Start(t, e2e.StoreConfig(t, phases.Name))
+	rep := e2e.Run(t, a.URL(), phases.Name, "key=k-resume&attempts=3&fault=crash_after_phase&phase=2&ttl_ms=300")
+	if rep.Verdict != lab.Holds || e2e.KeyCharges(t, a, "acme", phases.Name, "k-resume") != 1 || rep.ProviderCaptures != 1 {
+		t.Fatalf("verdict %s, %d charge(s), %d capture(s); want holds, one of each", rep.Verdict, e2e.KeyCharges(t, a, "acme", phases.Name, "k-resume"), rep.ProviderCaptures)
 	}
 	resumed := 0
 	for _, at := range rep.Timeline {
@@ -53,8 +54,8 @@ func TestPhasesRunShowsTheResume(t *testing.T) {
 // the one charge, captured once. Its lag is on /metrics.
 func TestPhasesCompleterFinishesAnAbandonedKey(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, phases.Name))
-	if _, err := postWithFault(a.URL(), phases.Name, "k-abandoned", "crash_after_phase=2; ttl_ms=100"); err == nil {
+	a := labtest.Start(t, e2e.StoreConfig(t, phases.Name))
+	if _, err := e2e.PostWithFault(a.URL(), phases.Name, "k-abandoned", "crash_after_phase=2; ttl_ms=100"); err == nil {
 		t.Fatal("the crashed charge was answered; want its connection dropped")
 	}
 	var k lab.KeyState
@@ -65,11 +66,11 @@ func TestPhasesCompleterFinishesAnAbandonedKey(t *testing.T) {
 	if k.CompletedBy != "completer" || k.RecoveryPoint != "finished" {
 		t.Fatalf("key %+v: want finished by the completer", k)
 	}
-	r := labtest.Charge(t, a.URL(), phases.Name, labtest.Acme, "k-abandoned", body2500)
+	r := labtest.Charge(t, a.URL(), phases.Name, labtest.Acme, "k-abandoned", e2e.Body2500)
 	if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("late retry: %d replayed=%q %s; want a replay", r.Status, r.Header.Get("Idempotent-Replayed"), r.Body)
 	}
-	if n := keyCharges(t, a, "acme", phases.Name, "k-abandoned"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", phases.Name, "k-abandoned"); n != 1 {
 		t.Fatalf("%d charges, want 1", n)
 	}
 	metrics := labtest.Do(t, http.MethodGet, a.URL()+"/metrics", nil, "")

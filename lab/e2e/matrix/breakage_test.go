@@ -1,4 +1,4 @@
-package e2e_test
+package matrix_test
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/step"
@@ -27,7 +28,7 @@ import (
 // Every case reads the ledger, not the report alone.
 func TestFaults(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	cases := []struct {
 		name    string
 		store   lab.StoreName
@@ -62,8 +63,8 @@ func TestFaults(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "k-" + tc.name
-			rep := labRun(t, a.URL(), tc.store, fmt.Sprintf("key=%s&%s", key, tc.query))
-			n := keyCharges(t, a, "acme", tc.store, key)
+			rep := e2e.Run(t, a.URL(), tc.store, fmt.Sprintf("key=%s&%s", key, tc.query))
+			n := e2e.KeyCharges(t, a, "acme", tc.store, key)
 			if !tc.charges(n) {
 				t.Fatalf("ledger holds %d charges, want %s; report: %v", n, tc.want, rep.Explanation)
 			}
@@ -84,49 +85,31 @@ func is(want int) func(int) bool { return func(n int) bool { return n == want } 
 // nothing to act on instead of explaining a crash that never happened.
 func TestRunsAreJudgedByWhatTheyAdd(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
-	if rep := labRun(t, a.URL(), memory.Name, "key=k-hist&fault=store_restart&attempts=2"); rep.Verdict != lab.Breaks {
+	a := labtest.Start(t, e2e.FullConfig(t))
+	if rep := e2e.Run(t, a.URL(), memory.Name, "key=k-hist&fault=store_restart&attempts=2"); rep.Verdict != lab.Breaks {
 		t.Fatalf("store_restart: %v", rep.Verdict)
 	}
-	rep := labRun(t, a.URL(), memory.Name, "key=k-hist&attempts=5")
+	rep := e2e.Run(t, a.URL(), memory.Name, "key=k-hist&attempts=5")
 	if rep.Verdict != lab.Holds || rep.ChargesApplied != 0 || rep.KeyCharges != 2 || rep.DuplicatesApplied != 0 {
 		t.Fatalf("plain run on a key with two old charges: %v %v/%v: %v", rep.Verdict, rep.ChargesApplied, rep.KeyCharges, rep.Reason)
 	}
 	if !strings.HasPrefix(rep.Explanation, "This key was charged before this run (2 charge(s)") || !strings.Contains(rep.Explanation, "5 replayed") {
 		t.Fatalf("the explanation does not say what the run saw: %q", rep.Explanation)
 	}
-	labRun(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
-	rep = labRun(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
+	e2e.Run(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
+	rep = e2e.Run(t, a.URL(), postgres.Name, "key=k-twice&fault=crash_after_claim&attempts=3")
 	if rep.Verdict != lab.Holds || rep.ChargesApplied != 0 || rep.KeyBefore != lab.KeyCompleted ||
 		!strings.Contains(rep.Explanation, "the run added nothing") {
 		t.Fatalf("fault run on a completed key: %v, %d added, key before %q: %v", rep.Verdict, rep.ChargesApplied, rep.KeyBefore, rep.Explanation)
 	}
 }
 
-// labRun fires a lab run and returns its report.
-func labRun(t *testing.T, base string, store lab.StoreName, query string) experiment.Report {
-	t.Helper()
-	route := "/charge-idempotent?store=" + string(store) + "&"
-	if store == unsafestore.Name {
-		route = "/charge-unsafe?"
-	}
-	r := labtest.Do(t, http.MethodGet, base+route+query, nil, "")
-	if r.Status != http.StatusOK {
-		t.Fatalf("run %s: %d %s", query, r.Status, r.Body)
-	}
-	var rep experiment.Report
-	if err := json.Unmarshal(r.Body, &rep); err != nil {
-		t.Fatalf("decoding the report of %s: %v", query, err)
-	}
-	return rep
-}
-
 func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
 	t.Parallel()
-	cfg := fullConfig(t)
+	cfg := e2e.FullConfig(t)
 	cfg.InFlightWait = 100 * time.Millisecond // shorter than the claim TTL, so the client sees the 409s
 	a := labtest.Start(t, cfg)
-	rep := labRun(t, a.URL(), redis.Name, "key=k-stuck&fault=crash_after_claim&ttl_ms=1500&attempts=2")
+	rep := e2e.Run(t, a.URL(), redis.Name, "key=k-stuck&fault=crash_after_claim&ttl_ms=1500&attempts=2")
 	if rep.KeyAfterFault != lab.KeyInFlight {
 		t.Fatalf("after the crash the claim is %v, want it stuck in flight", rep.KeyAfterFault)
 	}
@@ -134,16 +117,16 @@ func TestRedisCrashAfterClaimWaitsForTTL(t *testing.T) {
 	if first, last := retry[0], retry[len(retry)-1]; first.Status != http.StatusConflict || last.Status != http.StatusCreated {
 		t.Fatalf("retry tries %+v: want 409 until the TTL, then 201", retry)
 	}
-	if n := keyCharges(t, a, "acme", redis.Name, "k-stuck"); n != 1 {
+	if n := e2e.KeyCharges(t, a, "acme", redis.Name, "k-stuck"); n != 1 {
 		t.Fatalf("ledger holds %d charges, want 1", n)
 	}
 }
 
 func TestOutboxFailureReports(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name} {
-		rep := labRun(t, a.URL(), store, "key=k-ofail-"+string(store)+"&fault=outbox_fail&attempts=2")
+		rep := e2e.Run(t, a.URL(), store, "key=k-ofail-"+string(store)+"&fault=outbox_fail&attempts=2")
 		if rep.KeyAfterFault != lab.KeyAbsent {
 			t.Errorf("%s: claim after the failed write is %v, want released", store, rep.KeyAfterFault)
 		}
@@ -160,7 +143,7 @@ func TestOutboxFailureReports(t *testing.T) {
 	// Without an outbox the provider was called before the write failed:
 	// it captured a charge the ledger rolled back ("email sent, charge
 	// reverted"), and the retry charged and sent again.
-	rep := labRun(t, a.URL(), unsafestore.Name, "key=k-ofail-unsafe&fault=outbox_fail&attempts=2")
+	rep := e2e.Run(t, a.URL(), unsafestore.Name, "key=k-ofail-unsafe&fault=outbox_fail&attempts=2")
 	if rep.ChargesApplied != 1 || rep.ProviderCaptures != 2 || rep.CapturesWithoutCharge != 1 || rep.SideEffectTransport != "direct" {
 		t.Fatalf("unsafe: %v charges, %v captures at the provider, %v without a charge", rep.ChargesApplied, rep.ProviderCaptures, rep.CapturesWithoutCharge)
 	}
@@ -170,7 +153,7 @@ func TestOutboxFailureReports(t *testing.T) {
 // the brief's lesson and its markdown against the README's copy.
 func TestMatrix(t *testing.T) {
 	t.Parallel()
-	cfg := fullConfig(t)
+	cfg := e2e.FullConfig(t)
 	cfg.RedisPair = true // the failover row runs on two redis-server processes
 	a := labtest.Start(t, cfg)
 	// A key of the caller's own, charged before the matrix on every keyed
@@ -195,7 +178,7 @@ func TestMatrix(t *testing.T) {
 		if r.Status != http.StatusCreated || r.Header.Get("Idempotent-Replayed") != "true" {
 			t.Errorf("%s: mine-1 after the matrix: %d, replayed %q: the matrix forgot the caller's key", store, r.Status, r.Header.Get("Idempotent-Replayed"))
 		}
-		if n := keyCharges(t, a, "acme", store, "mine-1"); n != 1 {
+		if n := e2e.KeyCharges(t, a, "acme", store, "mine-1"); n != 1 {
 			t.Errorf("%s: mine-1 has %d charges after the matrix", store, n)
 		}
 	}
@@ -245,6 +228,14 @@ func TestMatrix(t *testing.T) {
 	}
 	if opened < 6 {
 		t.Errorf("only %d cells open as a schedule", opened)
+	}
+	// Every cell's explanation claims only its own run's figures.
+	for _, row := range m.Rows {
+		for _, c := range row.Cells {
+			if c.Run != nil {
+				e2e.CheckExplanation(t, row.Case.Name+"/"+string(c.Store), *c.Run)
+			}
+		}
 	}
 	// Every verdict proven by the checker: each break a violation of the
 	// history or of the money, each hold linearizable, none unknown.
@@ -297,7 +288,7 @@ func TestMatrix(t *testing.T) {
 // the lab produced (regenerate it with `go run ./cmd/lab matrix -format markdown -write`).
 func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,14 +310,14 @@ func checkReadmeMatrix(t *testing.T, m experiment.Matrix) {
 // (see cmd/lab's TestThreeProcesses): one charge per replica for memory.
 func TestInProcessReplicas(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	for store, want := range map[lab.StoreName]struct {
 		charges int
 		verdict lab.Verdict
 	}{unsafestore.Name: {9, lab.Breaks}, memory.Name: {3, lab.Breaks}, redis.Name: {1, lab.Holds}, postgres.Name: {1, lab.Holds}} {
 		key := "k-replicas-" + string(store)
-		rep := labRun(t, a.URL(), store, "replicas=3&attempts=9&key="+key)
-		if n := keyCharges(t, a, "acme", store, key); n != want.charges || rep.Replicas != 3 || rep.Verdict != want.verdict {
+		rep := e2e.Run(t, a.URL(), store, "replicas=3&attempts=9&key="+key)
+		if n := e2e.KeyCharges(t, a, "acme", store, key); n != want.charges || rep.Replicas != 3 || rep.Verdict != want.verdict {
 			t.Errorf("%s: ledger holds %d charges over %v replicas (%v), want %d (%s)", store, n, rep.Replicas, rep.Verdict, want.charges, want.verdict)
 		}
 		replicas := map[string]int{}
@@ -344,7 +335,7 @@ func TestInProcessReplicas(t *testing.T) {
 // cell's charges are the ledger's for its run.
 func TestMatrixStreams(t *testing.T) {
 	t.Parallel()
-	cfg := labConfig()
+	cfg := e2e.Config()
 	cfg.Variants = slices.DeleteFunc(variants.Builtin(), func(v variant.Variant) bool { return v.Name != memory.Name && v.Name != unsafestore.Name })
 	a := labtest.Start(t, cfg)
 	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, a.URL()+"/lab/matrix?format=ndjson", nil)

@@ -1,10 +1,11 @@
-package e2e_test
+package effects_test
 
 import (
 	"net/http"
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -15,13 +16,13 @@ import (
 // done it falls back to zero.
 func TestOldestInFlightGauge(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, effectsConfig(t))
+	a := labtest.Start(t, e2e.EffectsConfig(t))
 	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 		t.Run(string(store), func(t *testing.T) {
 			series := `lab_oldest_inflight_key_age_seconds{store="` + string(store) + `"}`
 			done := make(chan error, 1)
 			go func() {
-				resp, err := postWithFault(a.URL(), store, "k-gauge-"+string(store), "slow; work_ms=1500")
+				resp, err := e2e.PostWithFault(a.URL(), store, "k-gauge-"+string(store), "slow; work_ms=1500")
 				if err == nil && resp.Status != http.StatusCreated {
 					err = errStatus(resp.Status)
 				}

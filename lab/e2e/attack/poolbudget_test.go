@@ -1,4 +1,4 @@
-package e2e_test
+package attack_test
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/postgres"
 	"github.com/idempotency-lab/lab/variants/rediscache"
@@ -20,7 +21,7 @@ import (
 // pool — read from the pool itself, not from what the stores intend.
 func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 	t.Parallel()
-	cfg := fullConfig(t)
+	cfg := e2e.FullConfig(t)
 	cfg.JoinCode = attackJoinCode
 	cfg.PGPoolSize, cfg.InFlightWait = 20, 2*time.Second
 	a := labtest.Start(t, cfg)
@@ -42,7 +43,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 		return h.AcrossWork >= budget.SlowPerNamespace
 	})
 	for i := range 30 {
-		r, err := labtest.SendCharge(base, postgres.Name, z.Token, fmt.Sprintf("victim-%d", i), body2500, nil)
+		r, err := labtest.SendCharge(base, postgres.Name, z.Token, fmt.Sprintf("victim-%d", i), e2e.Body2500, nil)
 		if err != nil || r.Status != http.StatusCreated {
 			t.Fatalf("the third namespace's plain charge %d during the attack: %v %d %s", i, err, r.Status, r.Body)
 		}
@@ -63,7 +64,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 		}
 	}
 	for i := range 30 {
-		if n := keyCharges(t, a, z.Tenant, postgres.Name, fmt.Sprintf("victim-%d", i)); n != 1 {
+		if n := e2e.KeyCharges(t, a, z.Tenant, postgres.Name, fmt.Sprintf("victim-%d", i)); n != 1 {
 			t.Errorf("victim charge %d: %d charges", i, n)
 		}
 	}
@@ -91,7 +92,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 		return held >= int(cfg.PGPoolSize)-budget.Reserve-budget.Headroom
 	})
 	for i := range 10 {
-		r, err := labtest.SendCharge(base, postgres.Name, z.Token, fmt.Sprintf("victim-many-%d", i), body2500, nil)
+		r, err := labtest.SendCharge(base, postgres.Name, z.Token, fmt.Sprintf("victim-many-%d", i), e2e.Body2500, nil)
 		if err != nil || r.Status != http.StatusCreated {
 			t.Fatalf("the victim's charge %d among %d attacking namespaces: %v %d %s", i, len(many), err, r.Status, r.Body)
 		}
@@ -103,7 +104,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 		if h := pools[0].Held(at.Namespace); h.Peak > budget.PerNamespace {
 			t.Errorf("%s held %+v of the pool; its budget is %+v", at.Tenant, h, budget)
 		}
-		if n := keyCharges(t, a, at.Tenant, postgres.Name, "same-"+at.Tenant); n != 1 {
+		if n := e2e.KeyCharges(t, a, at.Tenant, postgres.Name, "same-"+at.Tenant); n != 1 {
 			t.Errorf("%s's one key was charged %d times", at.Tenant, n)
 		}
 	}

@@ -1,4 +1,4 @@
-package e2e_test
+package effects_test
 
 import (
 	"bufio"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
@@ -21,22 +22,6 @@ import (
 	"github.com/idempotency-lab/lab/lab/testsignal"
 	"github.com/idempotency-lab/lab/variants/postgres"
 )
-
-// effectsConfig is a lab with its ledger in PostgreSQL and a relay quick
-// enough to retry a flaky provider within a test.
-func effectsConfig(t *testing.T, opts ...func(*app.Config)) app.Config {
-	t.Helper()
-	url, schema := labtest.Postgres(t)
-	return labConfig(append([]func(*app.Config){func(c *app.Config) {
-		c.DatabaseURL, c.PGSchema = url, schema
-		c.Relay.Interval, c.Relay.Workers, c.Relay.MaxAttempts = 5*time.Millisecond, 4, 60
-		c.Relay.BaseBackoff, c.Relay.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-		// Short, so a withheld answer times out soon; not shorter, for every
-		// other call to the provider shares it and a loaded machine runs
-		// four such labs at once (at 300 ms one call failed, and the matrix with it).
-		c.ProviderTimeout = time.Second
-	}}, opts...)...)
-}
 
 // chargeMany sends n charges with distinct keys, 4 at a time, as one run:
 // under the namespace's share of the pool (5 of 20), so no charge queues
@@ -53,7 +38,7 @@ func chargeMany(t *testing.T, base string, store lab.StoreName, run string, n in
 				for k, v := range extra {
 					h[k] = v
 				}
-				r := labtest.Do(t, http.MethodPost, base+"/charges?store="+string(store), h, body2500)
+				r := labtest.Do(t, http.MethodPost, base+"/charges?store="+string(store), h, e2e.Body2500)
 				if r.Status != http.StatusCreated {
 					t.Errorf("charge %d: %d %s", i, r.Status, r.Body)
 				}
@@ -80,7 +65,16 @@ func settle(t *testing.T, a *app.App, run string) reconciliation {
 		if s.Pending != 0 {
 			return false
 		}
-		rec = labtest.Get[reconciliation](t, a.URL()+"/lab/reconcile?run="+run, "")
+		// Reconciling asks the provider, which may not answer in time on a
+		// loaded machine: a 503 with Retry-After is a "not yet".
+		r := labtest.Do(t, http.MethodGet, a.URL()+"/lab/reconcile?run="+run, nil, "")
+		if r.Status == http.StatusServiceUnavailable && r.Header.Get("Retry-After") != "" {
+			return false
+		}
+		if r.Status != http.StatusOK {
+			t.Fatalf("reconciling %s: %d %s", run, r.Status, r.Body)
+		}
+		rec = labtest.Decode[reconciliation](t, r)
 		return rec.Pending == 0
 	})
 	return rec
@@ -107,13 +101,13 @@ type reconciliation struct {
 // exactly once, its receipt kept once, and paid through a verified webhook.
 func TestEffectsExactlyOnceAtAFlakyProvider(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, effectsConfig(t))
+	a := labtest.Start(t, e2e.EffectsConfig(t))
 	ctx := t.Context()
 	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{ErrorRate: 0.3, AppliedResponseLost: 0.15}); err != nil {
 		t.Fatal(err)
 	}
 	const charges = 200
-	openRun(t, a, "run-flaky")
+	e2e.OpenRun(t, a, "run-flaky")
 	chargeMany(t, a.URL(), postgres.Name, "run-flaky", charges, nil)
 	rec := settle(t, a, "run-flaky")
 
@@ -134,7 +128,7 @@ func TestEffectsExactlyOnceAtAFlakyProvider(t *testing.T) {
 	}
 	t.Logf("provider: %d capture calls for %d captures, %d receipt deliveries for %d receipts; %d errors injected, %d answers lost; relay: %d delivery attempts for %d events",
 		got.CaptureRequests, got.CapturesApplied, got.ReceiptDeliveries, got.Receipts, got.ErrorsInjected, got.ResponsesLost, attempts, len(events))
-	s := runStats(t, a, "run-flaky")
+	s := e2e.RunStats(t, a, "run-flaky")
 	if s.Charges != charges || s.OutboxEvents != charges || s.Delivered != charges {
 		t.Fatalf("ledger %+v: want %d charges, events and deliveries", s, charges)
 	}
@@ -165,13 +159,13 @@ func TestEffectsExactlyOnceAtAFlakyProvider(t *testing.T) {
 // lists the charges captured twice.
 func TestRandomCaptureKeyCapturesTwice(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, effectsConfig(t))
+	a := labtest.Start(t, e2e.EffectsConfig(t))
 	ctx := t.Context()
 	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{AppliedResponseLost: 0.5}); err != nil {
 		t.Fatal(err)
 	}
 	const charges = 20
-	openRun(t, a, "run-random-key")
+	e2e.OpenRun(t, a, "run-random-key")
 	chargeMany(t, a.URL(), postgres.Name, "run-random-key", charges, http.Header{lab.FaultHeader: {"capture_key=random"}})
 	rec := settle(t, a, "run-random-key")
 	got, err := a.Provider().Stats(ctx, provider.Filter{Run: "run-random-key"})
@@ -185,7 +179,7 @@ func TestRandomCaptureKeyCapturesTwice(t *testing.T) {
 		}
 	}
 	t.Logf("provider %+v; reconciliation: %d captured twice", got.Stats, twice)
-	if s := runStats(t, a, "run-random-key"); s.Charges != charges {
+	if s := e2e.RunStats(t, a, "run-random-key"); s.Charges != charges {
 		t.Fatalf("ledger %+v: want %d charges", s, charges)
 	}
 	if got.ChargesCapturedTwice == 0 || got.CapturesApplied <= charges || twice != got.ChargesCapturedTwice || rec.Disagree < twice {
@@ -203,14 +197,14 @@ func TestRandomCaptureKeyCapturesTwice(t *testing.T) {
 // refused with 401 and counted.
 func TestWebhooksDuplicatedReorderedForged(t *testing.T) {
 	t.Parallel()
-	cfg := effectsConfig(t)
+	cfg := e2e.EffectsConfig(t)
 	a := labtest.Start(t, cfg)
 	ctx := t.Context()
 	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{WebhookDuplicate: true, WebhookReorder: true, WebhookBadSignature: true}); err != nil {
 		t.Fatal(err)
 	}
 	const charges = 5
-	openRun(t, a, "run-webhooks")
+	e2e.OpenRun(t, a, "run-webhooks")
 	chargeMany(t, a.URL(), postgres.Name, "run-webhooks", charges, nil)
 	rec := settle(t, a, "run-webhooks")
 	if rec.Agree != charges || rec.Disagree != 0 {
@@ -242,7 +236,7 @@ func TestWebhooksDuplicatedReorderedForged(t *testing.T) {
 		}
 	}
 	var rows, distinct int
-	err := testPool(t, cfg.DatabaseURL).QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+cfg.PGSchema+`.webhook_events`).Scan(&rows, &distinct)
+	err := e2e.Pool(t, cfg.DatabaseURL).QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM `+cfg.PGSchema+`.webhook_events`).Scan(&rows, &distinct)
 	if err != nil || rows != 2*charges || distinct != rows {
 		t.Fatalf("webhook_events: %d rows, %d distinct (%v); want %d, one per event id", rows, distinct, err, 2*charges)
 	}
@@ -257,12 +251,12 @@ func TestWebhooksDuplicatedReorderedForged(t *testing.T) {
 func TestDeclinedCaptureFailsTheCharge(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec-test-declined"
-	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.WebhookSecret = secret }))
+	a := labtest.Start(t, e2e.EffectsConfig(t, func(c *app.Config) { c.WebhookSecret = secret }))
 	ctx := t.Context()
 	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{Decline: true}); err != nil {
 		t.Fatal(err)
 	}
-	openRun(t, a, "run-declined")
+	e2e.OpenRun(t, a, "run-declined")
 	chargeMany(t, a.URL(), postgres.Name, "run-declined", 1, nil)
 	rec := settle(t, a, "run-declined")
 	if rec.Agree != 1 || rec.ChargesChecked != 1 {
@@ -320,9 +314,9 @@ func TestWebhookRoute(t *testing.T) {
 	secret := []byte("whsec-test-route")
 	for _, ledger := range []string{"memory", "postgres"} {
 		t.Run(ledger, func(t *testing.T) {
-			cfg := labConfig(func(c *app.Config) { c.WebhookSecret = string(secret) })
+			cfg := e2e.Config(func(c *app.Config) { c.WebhookSecret = string(secret) })
 			if ledger == "postgres" {
-				cfg = effectsConfig(t, func(c *app.Config) { c.WebhookSecret = string(secret) })
+				cfg = e2e.EffectsConfig(t, func(c *app.Config) { c.WebhookSecret = string(secret) })
 			}
 			a := labtest.Start(t, cfg)
 			ctx := t.Context()
@@ -331,7 +325,7 @@ func TestWebhookRoute(t *testing.T) {
 			if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{Down: true}); err != nil {
 				t.Fatal(err)
 			}
-			r := labtest.Charge(t, a.URL(), "memory", labtest.Acme, "k-webhook-route", body2500)
+			r := labtest.Charge(t, a.URL(), "memory", labtest.Acme, "k-webhook-route", e2e.Body2500)
 			if r.Status != http.StatusCreated {
 				t.Fatalf("charge: %d %s", r.Status, r.Body)
 			}
@@ -436,7 +430,7 @@ func scrape(t *testing.T, base string) map[string]float64 {
 // and the README shows the same table.
 func TestEffectsMatrix(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, effectsConfig(t))
+	a := labtest.Start(t, e2e.EffectsConfig(t))
 	r := labtest.Do(t, http.MethodGet, a.URL()+"/lab/effects", nil, "")
 	if r.Status != http.StatusOK {
 		t.Fatalf("GET /lab/effects: %d %s", r.Status, r.Body)
@@ -477,7 +471,7 @@ func TestEffectsMatrix(t *testing.T) {
 	if err := m.WriteMarkdown(&md); err != nil {
 		t.Fatal(err)
 	}
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -492,19 +486,19 @@ func TestEffectsMatrix(t *testing.T) {
 // globex's webhooks are still being retried — no worker waits out a backoff.
 func TestWebhooksOfOneNamespaceDoNotWaitForAnother(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, labConfig())
+	a := labtest.Start(t, e2e.Config())
 	const flood = 64
 	var wg sync.WaitGroup
 	for range flood {
 		wg.Go(func() {
 			h := http.Header{"Authorization": {"Bearer " + labtest.Globex}, "Content-Type": {"application/json"}, lab.FaultHeader: {"outbox_fail"}}
-			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=unsafe", h, body2500); r.Status != http.StatusServiceUnavailable {
+			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=unsafe", h, e2e.Body2500); r.Status != http.StatusServiceUnavailable {
 				t.Errorf("a rolled-back charge: %d %s", r.Status, r.Body)
 			}
 		})
 	}
 	wg.Wait()
-	r := labtest.Charge(t, a.URL(), "memory", labtest.Acme, "k-not-behind", body2500)
+	r := labtest.Charge(t, a.URL(), "memory", labtest.Acme, "k-not-behind", e2e.Body2500)
 	if r.Status != http.StatusCreated {
 		t.Fatalf("charge: %d %s", r.Status, r.Body)
 	}
@@ -533,7 +527,7 @@ func TestWebhooksOfOneNamespaceDoNotWaitForAnother(t *testing.T) {
 func TestQueuedWebhooksCountTheProvidersQueue(t *testing.T) {
 	t.Parallel()
 	ticked := testsignal.New() // after each turn of the lab's relay
-	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.Relay.Signals.Ticked = ticked }))
+	a := labtest.Start(t, e2e.EffectsConfig(t, func(c *app.Config) { c.Relay.Signals.Ticked = ticked }))
 	ctx := t.Context()
 	if queued, err := a.QueuedWebhooks(ctx); err != nil || queued != 0 {
 		t.Fatalf("queued before any charge: %d, %v", queued, err)
@@ -542,9 +536,9 @@ func TestQueuedWebhooksCountTheProvidersQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	const charges = 3
-	openRun(t, a, "run-queued")
+	e2e.OpenRun(t, a, "run-queued")
 	chargeMany(t, a.URL(), postgres.Name, "run-queued", charges, nil)
-	ticked.WaitUntil(t, "the run's events delivered", func() bool { return runStats(t, a, "run-queued").Delivered == charges })
+	ticked.WaitUntil(t, "the run's events delivered", func() bool { return e2e.RunStats(t, a, "run-queued").Delivered == charges })
 	queued, err := a.QueuedWebhooks(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package e2e_test
+package effects_test
 
 import (
 	"net/http"
@@ -9,6 +9,7 @@ import (
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/cost"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/memory"
 	"github.com/idempotency-lab/lab/variants/postgres"
@@ -34,7 +35,7 @@ func readCost(t *testing.T, base string) cost.Counts {
 func TestTheCostOfEachPathCounted(t *testing.T) {
 	t.Parallel()
 	rurl, prefix := labtest.Redis(t)
-	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) {
+	a := labtest.Start(t, e2e.EffectsConfig(t, func(c *app.Config) {
 		c.RedisURL, c.RedisPrefix = rurl, prefix
 		c.ProviderTimeout = 10 * time.Second // a capture slowed by a loaded machine is not retried: one call each
 	}))
@@ -47,7 +48,7 @@ func TestTheCostOfEachPathCounted(t *testing.T) {
 	var runs []string
 	for _, store := range []lab.StoreName{memory.Name, redis.Name, postgres.Name} {
 		run := "cost-" + string(store)
-		openRun(t, a, run)
+		e2e.OpenRun(t, a, run)
 		runs = append(runs, run)
 		before := readCost(t, a.URL())
 		chargeMany(t, a.URL(), store, run, n, nil)
@@ -56,7 +57,7 @@ func TestTheCostOfEachPathCounted(t *testing.T) {
 		h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Content-Type": {"application/json"},
 			"Idempotency-Key": {run + "-0"}, "Lab-Run": {run}}
 		for range n {
-			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store="+string(store), h, body2500); r.Header.Get("Idempotent-Replayed") != "true" {
+			if r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store="+string(store), h, e2e.Body2500); r.Header.Get("Idempotent-Replayed") != "true" {
 				t.Fatalf("%s: a replay answered %d %s", store, r.Status, r.Body)
 			}
 		}

@@ -1,4 +1,4 @@
-package e2e_test
+package attack_test
 
 import (
 	"bytes"
@@ -19,6 +19,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 )
@@ -556,7 +557,7 @@ func (f fuzzReq) send(client *http.Client, base string) fuzzAnswer {
 
 func TestHTTPFuzz(t *testing.T) {
 	t.Parallel()
-	cfg := fullConfig(t)
+	cfg := e2e.FullConfig(t)
 	cfg.AdminToken, cfg.JoinCode = fuzzAdmin, fuzzJoinCode
 	a := labtest.Start(t, cfg)
 	base := a.URL()
@@ -649,7 +650,7 @@ func TestHTTPFuzz(t *testing.T) {
 		}
 	}
 	var rows int
-	if err := testPool(t, cfg.DatabaseURL).QueryRow(ctx, `SELECT count(*) FROM `+cfg.PGSchema+`.idempotency_requests`).Scan(&rows); err != nil || rows != 0 {
+	if err := e2e.Pool(t, cfg.DatabaseURL).QueryRow(ctx, `SELECT count(*) FROM `+cfg.PGSchema+`.idempotency_requests`).Scan(&rows); err != nil || rows != 0 {
 		t.Errorf("idempotency_requests holds %d row(s) (%v)", rows, err)
 	}
 	opts, err := goredis.ParseURL(cfg.RedisURL)

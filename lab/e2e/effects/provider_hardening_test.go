@@ -1,4 +1,4 @@
-package e2e_test
+package effects_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/testsignal"
@@ -35,7 +36,7 @@ func readyProvider(t *testing.T, a *app.App) (string, string) {
 // part of run.
 func chargeRun(t *testing.T, a *app.App, run, key string, cents int64) lab.Charge {
 	t.Helper()
-	openRun(t, a, run) // opening it again in the same namespace is a no-op
+	e2e.OpenRun(t, a, run) // opening it again in the same namespace is a no-op
 	h := http.Header{"Authorization": {"Bearer " + labtest.Acme}, "Content-Type": {"application/json"},
 		"Idempotency-Key": {key}, "Lab-Run": {run}}
 	r := labtest.Do(t, http.MethodPost, a.URL()+"/charges?store=memory", h, fmt.Sprintf(`{"account":"acct-1","amount_cents":%d}`, cents))
@@ -55,7 +56,7 @@ func chargeRun(t *testing.T, a *app.App, run, key string, cents int64) lab.Charg
 func TestProviderAPIClosed(t *testing.T) {
 	t.Parallel()
 	const key = "provider-key-of-this-lab"
-	a := labtest.Start(t, labConfig(func(c *app.Config) { c.ProviderAPIKey = key }))
+	a := labtest.Start(t, e2e.Config(func(c *app.Config) { c.ProviderAPIKey = key }))
 	ctx := t.Context()
 	base, ready := readyProvider(t, a)
 	if strings.Contains(ready, key) {
@@ -105,7 +106,7 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 	url, schema := labtest.Postgres(t)
 	ticked := testsignal.New() // after each turn of the first lab's relay
 	ctx := t.Context()
-	first, err := app.Start(ctx, labConfig(func(c *app.Config) {
+	first, err := app.Start(ctx, e2e.Config(func(c *app.Config) {
 		c.DatabaseURL, c.PGSchema = url, schema
 		c.Relay.Signals.Ticked = ticked
 	}))
@@ -134,7 +135,7 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	closed = true
-	pool := testPool(t, url)
+	pool := e2e.Pool(t, url)
 	var state string
 	var queued int
 	if err := pool.QueryRow(ctx, `SELECT payment_state, (SELECT count(*) FROM `+schema+`.provider_webhooks WHERE state = 'pending')
@@ -142,7 +143,7 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 		t.Fatalf("after the stop: charge %s, %d webhooks pending (%v); want pending and 2", state, queued, err)
 	}
 	// A new lab on the same schema, a minute on: the delay is over.
-	next := labtest.Start(t, labConfig(func(c *app.Config) {
+	next := labtest.Start(t, e2e.Config(func(c *app.Config) {
 		c.DatabaseURL, c.PGSchema = url, schema
 		c.Clock = func() time.Time { return time.Now().Add(time.Minute) }
 	}))
@@ -176,7 +177,7 @@ func TestWebhooksSurviveALabStop(t *testing.T) {
 func TestWebhookMustMatchItsCharge(t *testing.T) {
 	t.Parallel()
 	const secret = "whsec-test-match"
-	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.WebhookSecret = secret }))
+	a := labtest.Start(t, e2e.EffectsConfig(t, func(c *app.Config) { c.WebhookSecret = secret }))
 	ctx := t.Context()
 	a.HoldDelivery(true)
 	payment := func(id string) lab.Payment {
@@ -242,7 +243,7 @@ func TestWebhookMustMatchItsCharge(t *testing.T) {
 // shows the oldest stuck charge's age.
 func TestStuckChargeReported(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, effectsConfig(t, func(c *app.Config) { c.StuckAfter = 200 * time.Millisecond }))
+	a := labtest.Start(t, e2e.EffectsConfig(t, func(c *app.Config) { c.StuckAfter = 200 * time.Millisecond }))
 	ctx := t.Context()
 	if err := a.Provider().SetFaults(ctx, "acme", provider.Faults{WebhookDelayMS: 60_000}); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package e2e_test
+package failover_test
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
@@ -31,10 +32,10 @@ func eventOf(rep experiment.Report, name string, attempt int) (experiment.Event,
 // both tokens.
 func TestTwoPhaseRunsShareOneTimeAxis(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, fullConfig(t))
+	a := labtest.Start(t, e2e.FullConfig(t))
 	for _, store := range []lab.StoreName{redis.Name, lease.Name} {
 		t.Run(string(store), func(t *testing.T) {
-			rep := labRun(t, a.URL(), store, "fault=stale_worker&key=fresh&attempts=3")
+			rep := e2e.Run(t, a.URL(), store, "fault=stale_worker&key=fresh&attempts=3")
 			ttlEnd, ok := eventOf(rep, experiment.EventTTLEnd, 1)
 			if !ok {
 				t.Fatalf("no ttl_end event for attempt 1: %+v", rep.Events)
@@ -77,7 +78,7 @@ func TestTwoPhaseRunsShareOneTimeAxis(t *testing.T) {
 		})
 	}
 	t.Run("expired", func(t *testing.T) {
-		rep := labRun(t, a.URL(), postgres.Name, "fault=expired&window_ms=200&key=fresh&attempts=3")
+		rep := e2e.Run(t, a.URL(), postgres.Name, "fault=expired&window_ms=200&key=fresh&attempts=3")
 		expired, ok := eventOf(rep, experiment.EventWindowExpired, 0)
 		first := rep.Timeline[0].Final()
 		if !ok || expired.AtMS < first.StartMS+first.LatencyMS+200 {
@@ -96,12 +97,12 @@ func TestTwoPhaseRunsShareOneTimeAxis(t *testing.T) {
 // and every twin's client follows its 202 to the operation's final answer.
 func TestLiveLeaseWorkerKeepsItsLease(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
-	rep := labRun(t, a.URL(), lease.Name, "fault=slow&work_ms=3000&ttl_ms=1000&attempts=5&key=fresh")
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
+	rep := e2e.Run(t, a.URL(), lease.Name, "fault=slow&work_ms=3000&ttl_ms=1000&attempts=5&key=fresh")
 	if rep.Verdict != lab.Holds || rep.ChargesApplied != 1 || rep.FencedWrites != 0 {
 		t.Fatalf("verdict %s, %d charges, %d fenced: %s", rep.Verdict, rep.ChargesApplied, rep.FencedWrites, rep.Explanation)
 	}
-	if n := keyCharges(t, a, rep.Tenant, lease.Name, rep.Key); n != 1 {
+	if n := e2e.KeyCharges(t, a, rep.Tenant, lease.Name, rep.Key); n != 1 {
 		t.Fatalf("the ledger holds %d charges for the key", n)
 	}
 	renewals, polled := 0, 0
@@ -134,7 +135,7 @@ func TestLiveLeaseWorkerKeepsItsLease(t *testing.T) {
 // replay is still byte for byte the first answer.
 func TestBodiesEndWithANewline(t *testing.T) {
 	t.Parallel()
-	a := labtest.Start(t, storeConfig(t, postgres.Name))
+	a := labtest.Start(t, e2e.StoreConfig(t, postgres.Name))
 	h := http.Header{"Authorization": {"Bearer demo-token-acme"}, "Idempotency-Key": {"nl-1"}}
 	for _, store := range []lab.StoreName{memory.Name, postgres.Name, lease.Name} {
 		u := a.URL() + "/charges?store=" + string(store)

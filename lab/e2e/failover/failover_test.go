@@ -1,4 +1,4 @@
-package e2e_test
+package failover_test
 
 import (
 	"net/http"
@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idempotency-lab/lab/lab"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
@@ -18,7 +19,7 @@ import (
 // of the key), postgres and lease charge once.
 func TestRedisFailoverLosesTheClaim(t *testing.T) {
 	t.Parallel()
-	cfg := fullConfig(t)
+	cfg := e2e.FullConfig(t)
 	cfg.RedisPair = true
 	a := labtest.Start(t, cfg)
 	want := map[lab.StoreName]struct {
@@ -31,7 +32,7 @@ func TestRedisFailoverLosesTheClaim(t *testing.T) {
 			t.Fatalf("%s: %d %s", store, r.Status, r.Body)
 		}
 		rep := labtest.Decode[experiment.Report](t, r)
-		if w := want[store]; rep.Verdict != w.verdict || rep.KeyCharges != w.charges || keyCharges(t, a, "acme", store, rep.Key) != w.charges {
+		if w := want[store]; rep.Verdict != w.verdict || rep.KeyCharges != w.charges || e2e.KeyCharges(t, a, "acme", store, rep.Key) != w.charges {
 			t.Errorf("%s: %s with %d charges, want %s with %d: %s", store, rep.Verdict, rep.KeyCharges, w.verdict, w.charges, rep.Explanation)
 		}
 	}

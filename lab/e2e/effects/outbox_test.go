@@ -1,4 +1,4 @@
-package e2e_test
+package effects_test
 
 import (
 	"net/http"
@@ -7,6 +7,7 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/app"
+	"github.com/idempotency-lab/lab/lab/e2e"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/testsignal"
@@ -32,7 +33,7 @@ func TestDeadEventRetried(t *testing.T) {
 	for _, ledger := range []string{"memory", "postgres"} {
 		t.Run(ledger, func(t *testing.T) {
 			ticked := testsignal.New() // after each turn of the lab's relay
-			cfg := labConfig(func(c *app.Config) {
+			cfg := e2e.Config(func(c *app.Config) {
 				c.AdminToken = "admin-token-outbox"
 				c.Relay.Signals.Ticked = ticked
 				c.Relay.Interval, c.Relay.BaseBackoff, c.Relay.MaxBackoff, c.Relay.MaxAttempts = 5*time.Millisecond, time.Millisecond, 5*time.Millisecond, 3
@@ -81,7 +82,7 @@ func TestDeadEventRetried(t *testing.T) {
 				return r
 			}
 
-			if r := labtest.Charge(t, base, "memory", labtest.Acme, "k-dead-letter", body2500); r.Status != http.StatusCreated {
+			if r := labtest.Charge(t, base, "memory", labtest.Acme, "k-dead-letter", e2e.Body2500); r.Status != http.StatusCreated {
 				t.Fatalf("charge: %d %s", r.Status, r.Body)
 			}
 			// GET /outbox reads the events and the counts in two statements:
