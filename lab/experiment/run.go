@@ -321,7 +321,7 @@ func (r *Runner) fire(ctx context.Context, spec Spec, targets []string, run stri
 		return res, spread, nil
 	}
 	if spec.Faults.Point == lab.FaultStaleWorker {
-		return r.fireStale(ctx, spec, reqs, ev)
+		return r.fireStale(ctx, spec, targets[0], reqs, ev)
 	}
 	if spec.Faults.Point == lab.FaultFailover {
 		return r.fireFailover(ctx, spec, targets, reqs, rep, ev)
@@ -376,19 +376,47 @@ func (r *Runner) fireRetries(ctx context.Context, spec Spec, reqs []Request, ev 
 // fireStale sends the first attempt, which pauses past its claim's
 // lifetime; once that lifetime is over (and while it still sleeps) the
 // retries go, released together; the first then wakes and writes.
-func (r *Runner) fireStale(ctx context.Context, spec Spec, reqs []Request, ev *events) ([]Result, time.Duration, error) {
-	firstDone := make(chan []Result, 1)
+func (r *Runner) fireStale(ctx context.Context, spec Spec, target string, reqs []Request, ev *events) ([]Result, time.Duration, error) {
+	firstDone, answered := make(chan []Result, 1), make(chan struct{})
 	go func() {
 		res, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
 		firstDone <- res
+		close(answered)
 	}()
-	// The claim's lifetime, and a margin for the first attempt to claim.
-	if err := lab.Sleep(ctx, spec.Faults.ClaimTTL+100*time.Millisecond); err != nil {
+	if err := r.awaitClaimOver(ctx, spec, target, answered); err != nil {
 		<-firstDone
 		return nil, 0, err
 	}
 	rest, spread := r.fireRetries(ctx, spec, reqs[1:], ev)
 	return append(<-firstDone, rest...), spread, nil
+}
+
+// awaitClaimOver waits until the first attempt's claim has run out: its
+// lifetime counted from when the key is first seen held, which is no
+// earlier than the claim, however late a busy server took the attempt up.
+// A design whose claims never run out (no Lifetime) gives the first
+// attempt a moment to claim before its twins come; a first attempt that
+// answered without a claim to wait for ends the wait.
+func (r *Runner) awaitClaimOver(ctx context.Context, spec Spec, target string, answered <-chan struct{}) error {
+	if v, _ := r.Variants.Get(spec.Store); v.Lifetime == "" {
+		return lab.Sleep(ctx, spec.Faults.ClaimTTL+100*time.Millisecond)
+	}
+	for {
+		state, err := r.keyState(ctx, target, spec)
+		if err != nil {
+			return err
+		}
+		if state == lab.KeyInFlight {
+			return lab.Sleep(ctx, spec.Faults.ClaimTTL)
+		}
+		select {
+		case <-answered:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // fireFailover holds the Redis pair's replication back, sends the first
