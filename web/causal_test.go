@@ -5,7 +5,6 @@ import (
 	"net/url"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -63,14 +62,12 @@ func TestPageDrawsCausesFirst(t *testing.T) {
 		{"lease-stale-worker", "lease", "attempts=3&fault=stale_worker"},
 	} {
 		key := "page-causal-" + run.name
-		wait, cancel := context.WithTimeout(ctx, 60*time.Second)
-		if err := chromedp.Do(wait, chromedp.Navigate(a.URL()+"/?store="+string(run.store)+"&compare=&"+run.query+"&key="+url.QueryEscape(key)+"&fire=1")); err != nil {
+		if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/?store="+string(run.store)+"&compare=&"+run.query+"&key="+url.QueryEscape(key)+"&fire=1")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := chromedp.Run(wait, chromedp.Poll[bool](`!!document.querySelector("#result .ledger") || !!document.querySelector("#result .error")`)); err != nil {
+		if _, err := chromedp.Run(ctx, poll[bool](`!!document.querySelector("#result .ledger") || !!document.querySelector("#result .error")`)); err != nil {
 			t.Fatalf("%s: no run drawn: %v", run.name, err)
 		}
-		cancel()
 		charges, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#result .ledger")?.dataset.charges ?? document.querySelector("#result .error").textContent`))
 		if err != nil {
 			t.Fatal(err)

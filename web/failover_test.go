@@ -1,12 +1,10 @@
 package web_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -42,14 +40,12 @@ func TestPageDrawsAPostgreSQLFailover(t *testing.T) {
 		"async": {"1", true, "the promoted standby never received"},
 		"sync":  {"0", false, "waited for the standby and never answered"},
 	} {
-		step, cancel := context.WithTimeout(ctx, 60*time.Second)
-		if err := chromedp.Do(step, chromedp.Navigate(a.URL()+"/?store=postgres&compare=&fault=pg_failover&replication="+mode+"&fire=1")); err != nil {
+		if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/?store=postgres&compare=&fault=pg_failover&replication="+mode+"&fire=1")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .failover")`)); err != nil {
+		if _, err := chromedp.Run(ctx, poll[bool](`!!document.querySelector("#result .failover")`)); err != nil {
 			t.Fatalf("%s: no failover drawn: %v", mode, err)
 		}
-		cancel()
 		d, err := chromedp.Run(ctx, chromedp.Evaluate[drawn](`(() => { const f = document.querySelector("#result .failover");
 			return { lost: f.dataset.lost, lostLane: !!document.querySelector('#result .lane[data-attempt="1"] rect.try.lost'), text: f.textContent,
 				ledger: document.querySelector("#result .ledger").dataset.charges,

@@ -1,12 +1,10 @@
 package web_test
 
 import (
-	"context"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/chromedp"
@@ -39,12 +37,10 @@ func TestHistoryPictureStaysOnTheLab(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	step, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#store option").length > 1`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#store option").length > 1`)); err != nil {
 		t.Fatal(err)
 	}
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("store"), "memory"), chromedp.SetValue(chromedp.ID("compare"), ""),
@@ -52,7 +48,7 @@ func TestHistoryPictureStaysOnTheLab(t *testing.T) {
 		chromedp.SetValue(chromedp.ID("key"), "history-page-1"), chromedp.Click(chromedp.ID("go"))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .proof a.history")`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`!!document.querySelector("#result .proof a.history")`)); err != nil {
 		t.Fatalf("no proof under the run: %v", err)
 	}
 	type proof struct {
@@ -87,7 +83,7 @@ func TestHistoryPictureStaysOnTheLab(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Porcupine draws one lane per attempt and one for the ledger's reads.
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("svg text").length > 0`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("svg text").length > 0`)); err != nil {
 		t.Fatalf("the picture was never drawn: %v", err)
 	}
 	text, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`))
@@ -118,12 +114,10 @@ func TestCheckADesignOnThePage(t *testing.T) {
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
 	a := labtest.Start(t, cfg)
 	ctx, problems := browser(t)
-	step, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#checkStore option").length > 1`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#checkStore option").length > 1`)); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -133,7 +127,7 @@ func TestCheckADesignOnThePage(t *testing.T) {
 			chromedp.SetValue(chromedp.ID("checkStore"), tc.store), chromedp.Click(chromedp.ID("check"))); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.getElementById("checkVerdict") || !!document.querySelector("#checkOut .error")`)); err != nil {
+		if _, err := chromedp.Run(ctx, poll[bool](`!!document.getElementById("checkVerdict") || !!document.querySelector("#checkOut .error")`)); err != nil {
 			t.Fatalf("%s: no check result: %v", tc.store, err)
 		}
 		type shown struct {

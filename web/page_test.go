@@ -25,7 +25,10 @@ import (
 	"github.com/idempotency-lab/lab/lab/api"
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants"
+	"github.com/idempotency-lab/lab/variants/memory"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // browser starts headless Chromium for the test and returns a tab and the
@@ -54,6 +57,13 @@ func browser(t *testing.T) (context.Context, func() []string) {
 		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()))
 	ctx, cancel := chromedp.NewContext(alloc)
 	t.Cleanup(func() { cancel(); cancelAlloc() })
+	// The tab's waits end only as the test binary's deadline nears (go test
+	// -timeout): a loaded machine makes a step longer, never a failure.
+	if deadline, ok := t.Deadline(); ok {
+		var end context.CancelFunc
+		ctx, end = context.WithDeadline(ctx, deadline.Add(-time.Minute))
+		t.Cleanup(end)
+	}
 	var mu sync.Mutex
 	var problems []string
 	if err := chromedp.Listen(ctx, func(ev any) {
@@ -145,6 +155,12 @@ const layoutProblems = `(() => {
 	}
 	return out; })()`
 
+// poll waits until expression is truthy, for as long as the tab's context
+// allows: not chromedp's default of 30 s, which a loaded machine passes.
+func poll[T any](expression string) chromedp.Action[T] {
+	return chromedp.Poll[T](expression, chromedp.WithPollingTimeout(0))
+}
+
 // shots saves the page as it is now, at desktop and at phone width, as PNGs
 // under the temp dir (lab-page-screenshots/) and logs their paths; at each
 // width it holds the page to layoutProblems. At phone width the page must
@@ -232,12 +248,10 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 		}
 		return opts
 	}
-	step, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
 		t.Fatalf("opening the page: %v", err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#store option").length > 0`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#store option").length > 0`)); err != nil {
 		t.Fatalf("the store control was never filled: %v", err)
 	}
 
@@ -311,7 +325,7 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 	); err != nil {
 		t.Fatal(err)
 	}
-	verdict, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#result .verdict")?.textContent`))
+	verdict, err := chromedp.Run(ctx, poll[string](`document.querySelector("#result .verdict")?.textContent`))
 	if err != nil {
 		t.Fatalf("no verdict on the page: %v", err)
 	}
@@ -344,12 +358,10 @@ func TestPageShowsTheRace(t *testing.T) {
 	cfg.RedisPair = false
 	a := labtest.Start(t, cfg)
 	ctx, problems := browser(t)
-	step, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
 		t.Fatalf("opening the page: %v", err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#compare option").length > 1`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#compare option").length > 1`)); err != nil {
 		t.Fatalf("the controls were never filled: %v", err)
 	}
 	fire := func(actions ...chromedp.Action[chromedp.Void]) {
@@ -362,7 +374,7 @@ func TestPageShowsTheRace(t *testing.T) {
 
 	fire(chromedp.SetValue(chromedp.ID("store"), "postgres"), chromedp.SetValue(chromedp.ID("compare"), "unsafe"),
 		chromedp.SetValue(chromedp.ID("fault"), ""), chromedp.SetValue(chromedp.ID("attempts"), "5"), chromedp.SetValue(chromedp.ID("key"), "page-race-1"))
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2`)); err != nil {
 		t.Fatalf("no side-by-side result: %v", err)
 	}
 	type shown struct {
@@ -416,7 +428,7 @@ func TestPageShowsTheRace(t *testing.T) {
 		chromedp.Click(chromedp.ID("inspect"))); err != nil {
 		t.Fatal(err)
 	}
-	if state, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#keyOut [data-state]")?.dataset.state`)); err != nil || state != lab.KeyCompleted {
+	if state, err := chromedp.Run(ctx, poll[string](`document.querySelector("#keyOut [data-state]")?.dataset.state`)); err != nil || state != lab.KeyCompleted {
 		t.Fatalf("key inspector: %q %v", state, err)
 	}
 	// ...and shows the response it stored, as the API gives it.
@@ -432,7 +444,7 @@ func TestPageShowsTheRace(t *testing.T) {
 	}
 	// A bad parameter is shown next to its control, and the old result is gone.
 	fire(chromedp.SetValue(chromedp.ID("compare"), ""), chromedp.SetValue(chromedp.ID("key"), strings.Repeat("k", 300)))
-	if msg, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#key + .fielderror")?.textContent`)); err != nil || !strings.Contains(msg, "key") {
+	if msg, err := chromedp.Run(ctx, poll[string](`document.querySelector("#key + .fielderror")?.textContent`)); err != nil || !strings.Contains(msg, "key") {
 		t.Fatalf("the error beside the key: %q %v", msg, err)
 	}
 	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#result .ledger").length`)); err != nil || n != 0 {
@@ -443,7 +455,7 @@ func TestPageShowsTheRace(t *testing.T) {
 		chromedp.SetValue(chromedp.ID("fault"), "slow"), chromedp.Evaluate[chromedp.Void](`void document.getElementById("fault").dispatchEvent(new Event("change"))`),
 		chromedp.SetValue(chromedp.ID("work_ms"), "300"), chromedp.SetValue(chromedp.ID("ttl_ms"), "100"),
 		chromedp.SetValue(chromedp.ID("attempts"), "3"), chromedp.SetValue(chromedp.ID("key"), "page-ttl-1"))
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
 		t.Fatalf("no redis result: %v", err)
 	}
 	bars, err := chromedp.Run(ctx, chromedp.Evaluate[[]float64](`(() => { const first = document.querySelector("#result rect.ttl");
@@ -479,7 +491,7 @@ func TestPageShowsTheRace(t *testing.T) {
 		fire(chromedp.SetValue(chromedp.ID("store"), store), chromedp.SetValue(chromedp.ID("compare"), ""),
 			chromedp.SetValue(chromedp.ID("fault"), "stale_worker"), chromedp.Evaluate[chromedp.Void](`void document.getElementById("fault").dispatchEvent(new Event("change"))`),
 			chromedp.SetValue(chromedp.ID("attempts"), "3"), chromedp.SetValue(chromedp.ID("key"), "page-stale-"+store))
-		if _, err := chromedp.Run(step, chromedp.Poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
+		if _, err := chromedp.Run(ctx, poll[bool](`!!document.querySelector("#result .ledger")`)); err != nil {
 			t.Fatalf("no %s stale worker result: %v", store, err)
 		}
 		type stale struct {
@@ -520,27 +532,55 @@ func TestPageShowsTheRace(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#history li:last-child button`))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run g.lane").length === 10 &&
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll(".pair .run g.lane").length === 10 &&
 		document.querySelectorAll(".pair .run rect.ttl").length === 0`)); err != nil {
 		t.Fatalf("reopening the first run: %v", err)
 	}
 
-	// The matrix: every cell's verdict and count as the API gives them, its
+	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("token"), "admin-token-page"),
+		chromedp.Evaluate[chromedp.Void](`void document.getElementById("token").dispatchEvent(new Event("change"))`),
+		chromedp.Click(chromedp.ID("reset"))); err != nil {
+		t.Fatal(err)
+	}
+	text, err := chromedp.Run(ctx, poll[string](`document.querySelector("#result p")?.textContent.startsWith("Reset") && document.querySelector("#result p").textContent`))
+	if err != nil || !strings.HasPrefix(text, "Reset") {
+		t.Fatalf("reset with the admin token: %q %v", text, err)
+	}
+	if p := problems(); len(p) > 0 {
+		t.Errorf("the page had problems: %v", p)
+	}
+}
+
+// TestPageDrawsTheMatrix clicks the breakage matrix on a lab of the two
+// designs that need no service (every cell of every design is the same
+// page code; TestMatrix holds the verdicts): its progress while it runs,
+// every cell's verdict and reason as the API gives them, a step button for
+// every cell with a schedule, and a cell that opens its run.
+func TestPageDrawsTheMatrix(t *testing.T) {
+	t.Parallel()
+	cfg := app.DefaultConfig()
+	cfg.Variants = []variant.Variant{unsafestore.Variant(), memory.Variant()}
+	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres, cfg.EmbedRedis = "127.0.0.1:0", false, false, false
+	a := labtest.Start(t, cfg)
+	ctx, problems := browser(t)
+	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
+		t.Fatalf("opening the page: %v", err)
+	}
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#store option").length > 1`)); err != nil {
+		t.Fatalf("the controls were never filled: %v", err)
+	}
+	// Every cell's verdict and count as the API gives them, its
 	// reason written out, and a cell that opens its run.
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("matrix"))); err != nil {
 		t.Fatal(err)
 	}
-	mstep, mcancel := context.WithTimeout(ctx, 120*time.Second)
-	defer mcancel()
-	// The matrix runs every cell for real: its step's deadline bounds the
-	// polls, not chromedp's default of 30 s, which a loaded machine passes.
-	whole := chromedp.WithPollingTimeout(0)
 	// Progress while it runs: some cells decided, some still pending.
-	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`(() => { const p = document.querySelector("#matrixProgress progress");
-		return !!p && p.value > 0 && p.value < p.max && document.querySelectorAll("#matrixOut td[data-pending]").length === p.max - p.value })()`, whole)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`(() => { const p = document.querySelector("#matrixProgress progress");
+		return !!p && p.value > 0 && p.value < p.max && document.querySelectorAll("#matrixOut td[data-pending]").length === p.max - p.value &&
+			document.querySelector("#matrixProgress span").textContent === p.value + " of " + p.max + " cells" })()`)); err != nil {
 		t.Fatalf("no progress while the matrix ran: %v", err)
 	}
-	if _, err := chromedp.Run(mstep, chromedp.Poll[bool](`/real runs in/.test(document.querySelector("#matrixProgress")?.textContent)`, whole)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`/real runs in/.test(document.querySelector("#matrixProgress")?.textContent)`)); err != nil {
 		t.Fatalf("the matrix never finished on the page: %v", err)
 	}
 	type cell struct {
@@ -601,25 +641,12 @@ func TestPageShowsTheRace(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Evaluate[chromedp.Void](`void document.querySelector('#matrixOut td[data-case="replicas"][data-store="memory"]').click()`)); err != nil {
 		t.Fatal(err)
 	}
-	// The steps after the matrix have a deadline of their own: the one
-	// above ran on while the matrix did.
-	step, cancel = context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#result g.lane").length === 9 &&
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#result g.lane").length === 9 &&
 		new Set([...document.querySelectorAll("#result g.lane")].map(g => g.dataset.replica)).size === 3`)); err != nil {
 		t.Fatalf("the replicas cell did not open its 9 lanes over 3 replicas: %v", err)
 	}
 
 	shots(ctx, t, "matrix")
-	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("token"), "admin-token-page"),
-		chromedp.Evaluate[chromedp.Void](`void document.getElementById("token").dispatchEvent(new Event("change"))`),
-		chromedp.Click(chromedp.ID("reset"))); err != nil {
-		t.Fatal(err)
-	}
-	text, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#result p")?.textContent.startsWith("Reset") && document.querySelector("#result p").textContent`))
-	if err != nil || !strings.HasPrefix(text, "Reset") {
-		t.Fatalf("reset with the admin token: %q %v", text, err)
-	}
 	if p := problems(); len(p) > 0 {
 		t.Errorf("the page had problems: %v", p)
 	}
@@ -636,12 +663,10 @@ func TestPageBehindABasePathWithoutFaults(t *testing.T) {
 	cfg.DatabaseURL, cfg.PGSchema, cfg.RedisPair = url, schema, false
 	a := labtest.Start(t, cfg)
 	ctx, problems := browser(t)
-	step, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
 	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll("#store option").length > 0`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll("#store option").length > 0`)); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#fault option").length`)); err != nil || n != 1 {
@@ -651,7 +676,7 @@ func TestPageBehindABasePathWithoutFaults(t *testing.T) {
 		chromedp.SetValue(chromedp.ID("key"), "page-base-1"), chromedp.Click(chromedp.ID("go"))); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2 || !!document.querySelector("#result .error")`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2 || !!document.querySelector("#result .error")`)); err != nil {
 		t.Fatal(err)
 	}
 	if msg, _ := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("#result .error")?.textContent ?? ""`)); msg != "" {
@@ -701,8 +726,6 @@ func TestPageFirstPicture(t *testing.T) {
 	}
 
 	ctx, problems := browser(t)
-	step, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
 	type picture struct {
 		Stores  []string `json:"stores"`
 		Charges []string `json:"charges"`
@@ -711,7 +734,7 @@ func TestPageFirstPicture(t *testing.T) {
 	// shown waits for the side-by-side result and reads it.
 	shown := func(what string) picture {
 		t.Helper()
-		if _, err := chromedp.Run(step, chromedp.Poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2`)); err != nil {
+		if _, err := chromedp.Run(ctx, poll[bool](`document.querySelectorAll(".pair .run .ledger").length === 2`)); err != nil {
 			t.Fatalf("%s: no side-by-side result: %v", what, err)
 		}
 		p, err := chromedp.Run(ctx, chromedp.Evaluate[picture](`(() => { const runs = [...document.querySelectorAll(".pair .run")];
@@ -737,7 +760,7 @@ func TestPageFirstPicture(t *testing.T) {
 	}
 	// The panel says why the provider's captures outnumber the outbox's
 	// deliveries, and the balance since when it counts.
-	if text, err := chromedp.Run(step, chromedp.Poll[string](`document.querySelector("#outbox [data-direct]")?.textContent`)); err != nil || !strings.Contains(text, "unsafe") {
+	if text, err := chromedp.Run(ctx, poll[string](`document.querySelector("#outbox [data-direct]")?.textContent`)); err != nil || !strings.Contains(text, "unsafe") {
 		t.Errorf("the outbox panel does not say the provider also counts unsafe's direct calls: %q %v", text, err)
 	}
 	if label, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector("[data-figure=total-balance] span").textContent`)); err != nil || !strings.Contains(label, "since the last reset") {

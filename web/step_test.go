@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -52,7 +51,6 @@ type lane struct {
 type stepper struct {
 	t    *testing.T
 	ctx  context.Context // the tab
-	wait context.Context // bounds the polls
 	base string
 }
 
@@ -63,13 +61,13 @@ func (s stepper) open(schedule string) stepView {
 	if err := chromedp.Do(s.ctx, chromedp.Navigate(s.base+"/")); err != nil {
 		s.t.Fatalf("opening the page: %v", err)
 	}
-	if _, err := chromedp.Run(s.wait, chromedp.Poll[bool](`[...document.querySelectorAll("#stepSchedule option")].some(o => o.value === "`+schedule+`" && !o.disabled)`)); err != nil {
+	if _, err := chromedp.Run(s.ctx, poll[bool](`[...document.querySelectorAll("#stepSchedule option")].some(o => o.value === "`+schedule+`" && !o.disabled)`)); err != nil {
 		s.t.Fatalf("the schedule control never offered %s: %v", schedule, err)
 	}
 	if err := chromedp.Do(s.ctx, chromedp.SetValue(chromedp.ID("stepSchedule"), schedule), chromedp.Click(chromedp.ID("stepOpen"))); err != nil {
 		s.t.Fatal(err)
 	}
-	id, err := chromedp.Run(s.wait, chromedp.Poll[string](`document.getElementById("stepper").dataset.run`))
+	id, err := chromedp.Run(s.ctx, poll[string](`document.getElementById("stepper").dataset.run`))
 	if err != nil {
 		s.t.Fatalf("the page opened no stepped run: %v", err)
 	}
@@ -95,7 +93,7 @@ func (s stepper) view(id string) stepView {
 // flight, and returns the run as the server has it.
 func (s stepper) idle(id string, n int) stepView {
 	s.t.Helper()
-	if _, err := chromedp.Run(s.wait, chromedp.Poll[bool](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
+	if _, err := chromedp.Run(s.ctx, poll[bool](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
 		return d.run === %q && d.moves === "%d" && !d.busy; })()`, id, n))); err != nil {
 		msg, _ := chromedp.Run(s.ctx, chromedp.Evaluate[string](`document.getElementById("stepMsg").textContent`))
 		s.t.Fatalf("the page never showed move %d of %s (%q): %v", n, id, msg, err)
@@ -266,9 +264,7 @@ func TestStepperStepsASchedule(t *testing.T) {
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
 	a := labtest.Start(t, cfg)
 	ctx, problems := browser(t)
-	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	s := stepper{t: t, ctx: ctx, wait: wait, base: a.URL()}
+	s := stepper{t: t, ctx: ctx, base: a.URL()}
 
 	v := s.open("look-first-both-look")
 	for range v.Planned {
@@ -285,7 +281,7 @@ func TestStepperStepsASchedule(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("stepReplay"))); err != nil {
 		t.Fatal(err)
 	}
-	id, err := chromedp.Run(wait, chromedp.Poll[string](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
+	id, err := chromedp.Run(ctx, poll[string](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
 		return d.run !== %q && d.moves === "%d" && !d.busy && d.run; })()`, v.ID, len(v.Steps))))
 	if err != nil {
 		t.Fatalf("the replay never showed its moves: %v", err)
@@ -352,9 +348,7 @@ func TestStepperShowsTheBlock(t *testing.T) {
 	cfg.DatabaseURL, cfg.PGSchema, cfg.RedisPair = url, schema, false
 	a := labtest.Start(t, cfg)
 	ctx, problems := browser(t)
-	wait, cancel := context.WithTimeout(ctx, 120*time.Second)
-	defer cancel()
-	s := stepper{t: t, ctx: ctx, wait: wait, base: a.URL()}
+	s := stepper{t: t, ctx: ctx, base: a.URL()}
 
 	v := s.open("postgres-both-claim")
 	for range 4 {
@@ -374,11 +368,11 @@ func TestStepperShowsTheBlock(t *testing.T) {
 		}
 	}
 	play()
-	if _, err := chromedp.Run(wait, chromedp.Poll[bool](`Number(document.getElementById("stepper").dataset.moves) >= 5`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`Number(document.getElementById("stepper").dataset.moves) >= 5`)); err != nil {
 		t.Fatalf("play made no move: %v", err)
 	}
 	play() // now pause
-	if _, err := chromedp.Run(wait, chromedp.Poll[bool](`document.getElementById("stepPlay").textContent === "play" && !document.getElementById("stepper").dataset.busy`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`document.getElementById("stepPlay").textContent === "play" && !document.getElementById("stepper").dataset.busy`)); err != nil {
 		t.Fatalf("pause did not stop the play: %v", err)
 	}
 	n, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("stepper").dataset.moves`))
@@ -392,7 +386,7 @@ func TestStepperShowsTheBlock(t *testing.T) {
 	s.check(v)
 
 	play()
-	if _, err := chromedp.Run(wait, chromedp.Poll[bool](`(() => { const d = document.getElementById("stepper").dataset, p = document.getElementById("stepPlay");
+	if _, err := chromedp.Run(ctx, poll[bool](`(() => { const d = document.getElementById("stepper").dataset, p = document.getElementById("stepPlay");
 		return d.over === "true" && !d.busy && p.textContent === "play" && p.disabled; })()`)); err != nil {
 		t.Fatalf("play did not play the schedule to its end and stop: %v", err)
 	}
@@ -488,14 +482,12 @@ func TestStepperMarksAnEvent(t *testing.T) {
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
 	a := labtest.Start(t, cfg)
 	ctx, problems := browser(t)
-	wait, cancel := context.WithTimeout(ctx, 90*time.Second)
-	defer cancel()
-	s := stepper{t: t, ctx: ctx, wait: wait, base: a.URL()}
+	s := stepper{t: t, ctx: ctx, base: a.URL()}
 
 	if err := chromedp.Do(ctx, chromedp.Navigate(a.URL()+"/")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chromedp.Run(wait, chromedp.Poll[bool](`[...document.querySelectorAll("#stepCustomStore option")].some(o => o.value === "forgetful")`)); err != nil {
+	if _, err := chromedp.Run(ctx, poll[bool](`[...document.querySelectorAll("#stepCustomStore option")].some(o => o.value === "forgetful")`)); err != nil {
 		t.Fatalf("the custom form never offered the toy design: %v", err)
 	}
 	if err := chromedp.Do(ctx, chromedp.SetValue(chromedp.ID("stepCustomStore"), string(forgetfulName)),
@@ -503,7 +495,7 @@ func TestStepperMarksAnEvent(t *testing.T) {
 		chromedp.Click(chromedp.ID("stepOpenCustom"))); err != nil {
 		t.Fatal(err)
 	}
-	id, err := chromedp.Run(wait, chromedp.Poll[string](`document.getElementById("stepper").dataset.run`))
+	id, err := chromedp.Run(ctx, poll[string](`document.getElementById("stepper").dataset.run`))
 	if err != nil {
 		t.Fatalf("the form opened no run: %v", err)
 	}
@@ -571,7 +563,7 @@ func TestStepperMarksAnEvent(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("stepReplay"))); err != nil {
 		t.Fatal(err)
 	}
-	id, err = chromedp.Run(wait, chromedp.Poll[string](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
+	id, err = chromedp.Run(ctx, poll[string](fmt.Sprintf(`(() => { const d = document.getElementById("stepper").dataset;
 		return d.run !== %q && d.moves === "5" && !d.busy && d.run; })()`, v.ID)))
 	if err != nil {
 		t.Fatalf("the replay never showed its moves: %v", err)
