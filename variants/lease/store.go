@@ -44,7 +44,6 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 	if err != nil || cl.token == 0 { // tokens start at 1: no claim won
 		return out, err
 	}
-	lab.Mark(ctx, lab.PhaseClaim) // phase one committed
 	s.signals.claimed.Send(cl.token)
 	s.hold(ctx, a.Scope, cl.token)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
@@ -94,7 +93,8 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.Duration) (*claim, row, error) {
 	sc := a.Scope
 	for try := 0; try < 3; try++ {
-		now := s.now()
+		// The lease runs from now: the claim is marked at that instant.
+		claimed, now := lab.MarkBefore(ctx, lab.PhaseClaim), s.now()
 		cl := claim{chargeID: lab.NewChargeID()}
 		err := s.pool.QueryRow(ctx, sc.Namespace, `
 			INSERT INTO lease_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, state, attempt_token,
@@ -105,6 +105,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 			RETURNING attempt_token`,
 			sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, lease.Seconds(), now, cl.chargeID, retention.Seconds()).Scan(&cl.token)
 		if err == nil {
+			claimed()
 			return &cl, row{}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
@@ -139,6 +140,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt, lease, retention time.
 			sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, lease.Seconds(), now, cl.chargeID, retention.Seconds(), r.token).Scan(&cl.token)
 		switch {
 		case err == nil:
+			claimed()
 			s.log.InfoContext(ctx, "lease taken over", "key", sc.Key, "token", cl.token, "stale_token", r.token)
 			return &cl, row{}, nil
 		case !errors.Is(err, pgx.ErrNoRows):

@@ -101,7 +101,8 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt) (*job, lab.Outcome, er
 		return nil, lab.Outcome{}, fmt.Errorf("error recording the request: %w", err)
 	}
 	for range 3 {
-		now := s.now()
+		// The lock runs from now: a claim is marked at that instant.
+		claimed, now := lab.MarkBefore(ctx, lab.PhaseClaim), s.now()
 		j := &job{scope: sc, point: started, chargeID: lab.NewChargeID(), req: req, lock: lock, by: byRequest}
 		err := s.pool.QueryRow(ctx, sc.Namespace, `
 			INSERT INTO phase_requests (tenant_id, endpoint, idempotency_key, request_fingerprint, request, recovery_point,
@@ -112,7 +113,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt) (*job, lab.Outcome, er
 			RETURNING lock_token`,
 			sc.Tenant, sc.Endpoint, sc.Key, a.Fingerprint, body, now, lock.Seconds(), j.chargeID, req.Retention.Seconds()).Scan(&j.token)
 		if err == nil {
-			lab.Mark(ctx, lab.PhaseClaim)
+			claimed()
 			if err := s.after(ctx, j, 1, a.Faults); err != nil {
 				return nil, lab.Outcome{}, err
 			}
@@ -164,7 +165,7 @@ func (s *Store) claim(ctx context.Context, a lab.Attempt) (*job, lab.Outcome, er
 			lab.MarkDetail(ctx, lab.PhaseResume, "resumed at "+j.point)
 			return j, lab.Outcome{}, nil
 		}
-		lab.Mark(ctx, lab.PhaseClaim)
+		claimed()
 		if err := s.after(ctx, j, 1, a.Faults); err != nil {
 			return nil, lab.Outcome{}, err
 		}

@@ -123,11 +123,15 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 		claim := claimValue(uuid.NewString(), a.Fingerprint, s.now(), a.ChargeID)
 		// SET k claim NX PX ttl GET: only the first attempt's claim is set;
 		// every other attempt is told, in the same command, what the key holds.
+		// The claim is marked as it is sent: its TTL runs from a moment in
+		// Redis no earlier, so its end is never drawn after it came.
+		claimed := lab.MarkBefore(ctx, lab.PhaseClaim)
 		held, won, err := s.claimOrRead(ctx, k, claim, ttl)
 		switch {
 		case err != nil:
 			return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
 		case won:
+			claimed()
 			s.listClaim(ctx, a.Scope, k)
 			return s.perform(ctx, k, claim, a, false)
 		case held == "":
@@ -149,11 +153,13 @@ func (s *Store) Charge(ctx context.Context, a lab.Attempt) (lab.Outcome, error) 
 			// ledger returns that charge instead of applying a second one.
 			a.ChargeID = d.chargeID
 			claim = claimValue(uuid.NewString(), a.Fingerprint, s.now(), d.chargeID)
+			claimed := lab.MarkBefore(ctx, lab.PhaseClaim)
 			ok, err := swap.Run(ctx, s.client, []string{k}, held, claim, ttl.Milliseconds()).Int()
 			if err != nil {
 				return lab.Outcome{}, fmt.Errorf("%w: redis claim failed: %w", lab.ErrStoreUnavailable, err)
 			}
 			if ok == 1 {
+				claimed()
 				return s.perform(ctx, k, claim, a, true)
 			}
 			continue
@@ -190,7 +196,6 @@ func (s *Store) claimOrRead(ctx context.Context, k, claim string, ttl time.Durat
 // of an unsettled key, which must never be given up on a failure.
 func (s *Store) perform(ctx context.Context, k, claim string, a lab.Attempt, inherited bool) (lab.Outcome, error) {
 	defer s.wake.Settled(k) // completed, released, kept unsettled or left behind: twins here look again now
-	lab.Mark(ctx, lab.PhaseClaim)
 	if a.Faults.Has(lab.FaultCrashAfterClaim) {
 		return lab.Outcome{}, lab.ErrCrash // the claim stays behind until its TTL
 	}
