@@ -816,10 +816,12 @@ func (s *Server) join(c echo.Context) error {
 		return err
 	}
 	id, err := s.deps.Directory.Join(c.Request().Context(), code)
-	if errors.Is(err, tenants.ErrJoinClosed) {
+	switch {
+	case errors.Is(err, tenants.ErrJoinCode):
+		return problem(http.StatusForbidden, "join_code_wrong", "Wrong join code", err.Error())
+	case errors.Is(err, tenants.ErrJoinClosed):
 		return problem(http.StatusForbidden, "join_closed", "Join closed", err.Error())
-	}
-	if err != nil {
+	case err != nil:
 		return fmt.Errorf("%w: %w", lab.ErrStoreUnavailable, err)
 	}
 	s.log.InfoContext(c.Request().Context(), "attendee joined", "namespace", id.Namespace)

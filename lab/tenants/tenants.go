@@ -52,8 +52,12 @@ type Joined interface {
 	Count(ctx context.Context) (int, error)
 }
 
-// ErrJoinClosed: the join code is wrong, or the lab takes no more attendees.
-var ErrJoinClosed = errors.New("joining is closed")
+// Why a join is refused: the code given is not the lab's, or the lab takes
+// no more attendees.
+var (
+	ErrJoinCode   = errors.New("the join code is wrong")
+	ErrJoinClosed = errors.New("joining is closed")
+)
 
 // Directory resolves tokens: the configured ones, their second tenants, and
 // the attendees who joined.
@@ -100,7 +104,7 @@ func (d *Directory) Resolve(ctx context.Context, token string) (Identity, bool, 
 // lab's join code (or the lab has none).
 func (d *Directory) Join(ctx context.Context, code string) (Identity, error) {
 	if d.code != "" && subtle.ConstantTimeCompare([]byte(code), []byte(d.code)) != 1 {
-		return Identity{}, fmt.Errorf("%w: the join code is wrong", ErrJoinClosed)
+		return Identity{}, fmt.Errorf("%w: ask the instructor for the workshop's code", ErrJoinCode)
 	}
 	n, err := d.joined.Count(ctx)
 	if err != nil {

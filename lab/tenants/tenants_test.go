@@ -126,11 +126,11 @@ func TestJoin(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := t.Context()
-			if _, err := d.Join(ctx, "retry-safe"); !errors.Is(err, tenants.ErrJoinClosed) {
-				t.Fatalf("a wrong code: %v, want ErrJoinClosed", err)
+			if _, err := d.Join(ctx, "retry-safe"); !errors.Is(err, tenants.ErrJoinCode) || errors.Is(err, tenants.ErrJoinClosed) {
+				t.Fatalf("a wrong code: %v, want ErrJoinCode", err)
 			}
-			if _, err := d.Join(ctx, ""); !errors.Is(err, tenants.ErrJoinClosed) {
-				t.Fatalf("no code: %v, want ErrJoinClosed", err)
+			if _, err := d.Join(ctx, ""); !errors.Is(err, tenants.ErrJoinCode) {
+				t.Fatalf("no code: %v, want ErrJoinCode", err)
 			}
 			first, err := d.Join(ctx, "retry-safely")
 			if err != nil {

@@ -420,9 +420,8 @@ func newNSAttack(t *testing.T) *nsAttack {
 	pool := e2e.Pool(t, cfg.DatabaseURL)
 	A, B := joinLab(t, base, attackJoinCode), joinLab(t, base, attackJoinCode)
 	pub := a.Public()
-	if r := labtest.Do(t, http.MethodPost, base+"/lab/join", nil, `{"code":"guess"}`); r.Status != http.StatusForbidden {
-		t.Fatalf("join with a wrong code: %d %s", r.Status, r.Body)
-	}
+	labtest.WantProblem(t, "join with a wrong code", labtest.Do(t, http.MethodPost, base+"/lab/join", nil, `{"code":"guess"}`),
+		http.StatusForbidden, "join_code_wrong", "")
 
 	// Every namespace holds completed keys on every store, and runs.
 	var aDone, bDone, pubDone []doneCharge
