@@ -12,17 +12,19 @@ import (
 	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/lab/redisdb"
-	"github.com/idempotency-lab/lab/variants"
+	"github.com/idempotency-lab/lab/lab/variant"
+	"github.com/idempotency-lab/lab/variants/unsafestore"
 )
 
 // TestAVariantIsOnePackageAndOneLine registers a throwaway variant beside
-// the built-in ones and finds it everywhere the lab lists designs, with no
+// a built-in one and finds it everywhere the lab lists designs, with no
 // other edit: the index the page builds its controls from, POST /charges,
-// the lab runs with their explanation, and the matrix.
+// the lab runs with their explanation, and the matrix (whose other columns
+// TestMatrix runs).
 func TestAVariantIsOnePackageAndOneLine(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, e2e.Config(func(c *app.Config) {
-		c.Variants = append(variants.Builtin(), labtest.OneLock())
+		c.Variants, c.DefaultStore = []variant.Variant{unsafestore.Variant(), labtest.OneLock()}, labtest.OneLockName
 		c.RedisPair = true // every row of the matrix runs, failover included
 	}))
 
