@@ -109,6 +109,11 @@ func freshCharge(t *testing.T, base string, store lab.StoreName, token, key, bod
 	return r
 }
 
+// holdWork is the slow work of charges a test needs in flight all at once
+// while it acts beside them: 10 s, long enough that on a loaded machine
+// the last of a flood arrives before the first is done.
+const holdWork = 10000
+
 // slowFault is a Lab-Fault header making the charge's work take ms.
 func slowFault(ms int) http.Header {
 	return http.Header{lab.FaultHeader: {fmt.Sprintf("slow; work_ms=%d", ms)}}
@@ -307,10 +312,10 @@ func attackRunFlood(t *testing.T) {
 	a := labtest.Start(t, cfg)
 	base := a.URL()
 	A, B := joinLab(t, base, attackJoinCode), joinLab(t, base, attackJoinCode)
-	// The runs work as long as a run may (10 s): the test needs them in
-	// flight while it sends the refused ones, however busy the machine.
+	// The runs work as long as a run may (holdWork): the test needs them in
+	// flight while it sends the refused ones.
 	run := func(token, key string) *http.Request {
-		req, err := http.NewRequest(http.MethodGet, base+"/charge-idempotent?store=memory&fault=slow&work_ms=10000&attempts=2&key="+key, nil)
+		req, err := http.NewRequest(http.MethodGet, fmt.Sprintf("%s/charge-idempotent?store=memory&fault=slow&work_ms=%d&attempts=2&key=%s", base, holdWork, key), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -605,7 +610,7 @@ func attackSlowFlood(t *testing.T, f *nsAttack) {
 	// B floods the postgres store with slow transactions on distinct keys.
 	const n = 22
 	budget := pgdb.BudgetFor(f.cfg.PGPoolSize).SlowPerNamespace // held across slow work
-	results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-f04-pg", n, slowFault(3000)))
+	results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-f04-pg", n, slowFault(holdWork)))
 	labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, f.pool, f.cfg.PGSchema) >= budget })
 	for i := range 3 {
 		freshCharge(t, base, postgres.Name, A.Token, fmt.Sprintf("a-f04-pg-%d", i), e2e.Body2500)
@@ -648,7 +653,7 @@ func attackSlowFlood(t *testing.T, f *nsAttack) {
 	}
 
 	// B's slow attempts in flight are capped per namespace: the 65th is a 429.
-	results = flood(t, chargeRequests(t, base, memory.Name, B.Token, "b-f04-mem", 64, slowFault(4000)))
+	results = flood(t, chargeRequests(t, base, memory.Name, B.Token, "b-f04-mem", 64, slowFault(holdWork)))
 	labtest.Eventually(t, "B's 64 slow attempts in flight", func() bool {
 		inFlight := 0
 		for _, k := range stateAs(t, base, B.Token).Stores[memory.Name].Keys {
@@ -658,7 +663,7 @@ func attackSlowFlood(t *testing.T, f *nsAttack) {
 		}
 		return inFlight == 64
 	})
-	r, err := labtest.SendCharge(base, memory.Name, B.Token, "b-f04-mem-64", e2e.Body2500, slowFault(4000))
+	r, err := labtest.SendCharge(base, memory.Name, B.Token, "b-f04-mem-64", e2e.Body2500, slowFault(holdWork))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -984,7 +989,7 @@ func attackClosingProperty(t *testing.T, f *nsAttack) {
 	check(t, "B's crashes and restarts", aCharges)
 
 	// B floods the postgres store with slow charges; A keeps charging meanwhile.
-	results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-close-slow", 22, slowFault(3000)))
+	results := flood(t, chargeRequests(t, base, postgres.Name, B.Token, "b-close-slow", 22, slowFault(holdWork)))
 	labtest.Eventually(t, "B holding its postgres connections", func() bool { return claimingSessions(t, f.pool, f.cfg.PGSchema) >= 2 })
 	for range 3 {
 		aCharge()

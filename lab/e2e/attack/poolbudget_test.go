@@ -35,7 +35,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 	var floods []<-chan []sent
 	for _, at := range []labAttendee{x, y} {
 		for _, store := range []lab.StoreName{postgres.Name, rediscache.Name} {
-			floods = append(floods, flood(t, chargeRequests(t, base, store, at.Token, fmt.Sprintf("flood-%s-%s", at.Tenant, store), 6, slowFault(5000))))
+			floods = append(floods, flood(t, chargeRequests(t, base, store, at.Token, fmt.Sprintf("flood-%s-%s", at.Tenant, store), 6, slowFault(holdWork))))
 		}
 	}
 	labtest.Eventually(t, "the attackers holding connections across their slow work", func() bool {
@@ -78,7 +78,7 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 	for range 5 {
 		at := joinLab(t, base, attackJoinCode)
 		many = append(many, at)
-		reqs := chargeRequests(t, base, postgres.Name, at.Token, "same-"+at.Tenant, 8, slowFault(3000))
+		reqs := chargeRequests(t, base, postgres.Name, at.Token, "same-"+at.Tenant, 8, slowFault(holdWork))
 		for _, r := range reqs {
 			r.Header.Set(lab.KeyHeader, "same-"+at.Tenant) // one key: a claimer and its twins
 		}

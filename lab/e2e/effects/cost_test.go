@@ -1,6 +1,7 @@
 package effects_test
 
 import (
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -63,10 +64,14 @@ func TestTheCostOfEachPathCounted(t *testing.T) {
 		}
 		replay := readCost(t, a.URL()).Per(before, n)
 		t.Logf("%s: fresh %+v; replay %+v", store, fresh, replay)
-		if fresh.DurableCommits[cost.Lab] != 1 || len(fresh.AsyncCommits) != 0 || fresh.RedisTrips != want[store].fresh || len(fresh.HTTPOut) != 0 {
+		// Round trips per charge are rounded: a command that timed out on a
+		// loaded machine and that go-redis sent again counts twice, once in
+		// a while, where a round trip the path itself added counts once per
+		// charge.
+		if fresh.DurableCommits[cost.Lab] != 1 || len(fresh.AsyncCommits) != 0 || math.Round(fresh.RedisTrips) != want[store].fresh || len(fresh.HTTPOut) != 0 {
 			t.Errorf("%s: a fresh charge cost %+v; want 1 durable commit, %v Redis round trips, no call to the provider", store, fresh, want[store].fresh)
 		}
-		if cost.Sum(replay.DurableCommits) != 0 || len(replay.AsyncCommits) != 0 || replay.RedisTrips != want[store].replay {
+		if cost.Sum(replay.DurableCommits) != 0 || len(replay.AsyncCommits) != 0 || math.Round(replay.RedisTrips) != want[store].replay {
 			t.Errorf("%s: a replay cost %+v; want no commit and %v Redis round trips", store, replay, want[store].replay)
 		}
 	}
