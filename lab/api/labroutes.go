@@ -584,7 +584,7 @@ func (s *Server) streamMatrix(c echo.Context, id tenants.Identity) error {
 		line(matrixProgress{Done: done, Total: total, Case: cs.Name, Cell: cell})
 	})
 	if err != nil {
-		p, _ := toProblem(err)
+		p, _ := toProblem(err, c.Request().Context().Err() != nil)
 		s.log.ErrorContext(c.Request().Context(), "matrix stopped", "code", p.code, "err", err)
 		line(matrixFailure{Error: p.problem()})
 		return nil

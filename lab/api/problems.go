@@ -46,8 +46,10 @@ var (
 // problemJSON is the media type of every error body (RFC 9457).
 const problemJSON = "application/problem+json"
 
-// toProblem is the one table that turns errors into HTTP problems.
-func toProblem(err error) (*problemError, time.Duration) {
+// toProblem is the one table that turns errors into HTTP problems;
+// requestEnded says whether the request's own context is done, which tells
+// its cancellation from a dependency's timeout.
+func toProblem(err error, requestEnded bool) (*problemError, time.Duration) {
 	var (
 		pe *problemError
 		ie *lab.InvalidError
@@ -89,7 +91,7 @@ func toProblem(err error) (*problemError, time.Duration) {
 			"the charge may or may not have been applied and the ledger cannot be reached; retry with the same key once it answers"), time.Second
 	case errors.Is(err, lab.ErrStoreUnavailable):
 		return problem(http.StatusServiceUnavailable, "store_unavailable", "Store unavailable", err.Error()), time.Second
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	case requestEnded && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		return problem(http.StatusServiceUnavailable, "request_cancelled", "Request cancelled",
 			"the request ended before the charge completed; nothing was stored, retrying with the same key is safe"), time.Second
 	case errors.As(err, &he):
@@ -99,9 +101,10 @@ func toProblem(err error) (*problemError, time.Duration) {
 		}
 		return problem(he.Code, code, http.StatusText(he.Code), http.StatusText(he.Code)), 0
 	}
-	// Whatever is left failed below the API: a dependency (PostgreSQL, Redis)
-	// that dropped or refused the request. Never a bare 500: the client is
-	// told to come back, and a retry with the same key is safe.
+	// Whatever is left failed below the API: a dependency (PostgreSQL,
+	// Redis, the provider) that dropped, refused or did not answer in time.
+	// Never a bare 500: the client is told to come back, and a retry with
+	// the same key is safe.
 	return problem(http.StatusServiceUnavailable, "unavailable", "Service unavailable",
 		"a service the lab depends on failed before the answer was known; retry with the same key to learn the outcome"), time.Second
 }
@@ -117,7 +120,7 @@ func injected(r *http.Request, err error) bool {
 
 // writeProblem sends err as application/problem+json.
 func writeProblem(c echo.Context, log *slog.Logger, err error) error {
-	p, retryAfter := toProblem(err)
+	p, retryAfter := toProblem(err, c.Request().Context().Err() != nil)
 	// Injected failures are the lesson, and a client that went away its own
 	// business: neither is an incident.
 	if p.status >= 500 && !injected(c.Request(), err) && !errors.Is(err, context.Canceled) {
