@@ -50,7 +50,7 @@ func settings(c *app.Config, logLevel *string) []setting {
 		{"relay-max-backoff", "LAB_RELAY_MAX_BACKOFF", "cap of the retry delay of a failed delivery", (*duration)(&c.Relay.MaxBackoff)},
 		{"provider-url", "LAB_PROVIDER_URL", "payment provider the relay delivers to (a `lab provider`); empty runs one in this process", (*text)(&c.ProviderURL)},
 		{"provider-addr", "LAB_PROVIDER_ADDR", "where this process's own provider listens when -provider-url is empty", (*text)(&c.ProviderAddr)},
-		{"provider-timeout", "LAB_PROVIDER_TIMEOUT", "bound on one call to the provider; a withheld answer shows as this timeout", (*duration)(&c.ProviderTimeout)},
+		{"provider-timeout", "LAB_PROVIDER_TIMEOUT", "bound on one delivery to the provider (a capture); a withheld answer shows as this timeout", (*duration)(&c.ProviderTimeout)},
 		{"webhook-secret", "LAB_WEBHOOK_SECRET", "secret of the provider's webhook signatures; empty draws one (only with the lab's own provider)", (*text)(&c.WebhookSecret)},
 		{"webhook-window", "LAB_WEBHOOK_WINDOW", "how long this process's own provider retries an unacknowledged webhook before it is dead", (*duration)(&c.WebhookWindow)},
 		{"webhook-senders", "LAB_WEBHOOK_SENDERS", "webhooks this process's own provider sends at once, 1..256", (*integer)(&c.WebhookSenders)},

@@ -74,7 +74,8 @@ type App struct {
 
 	drawnToken     bool              // the admin token is drawn by Start: listening beyond loopback, none was given
 	secret         []byte            // signs and verifies the provider's webhooks
-	providerClient *provider.Client  // the payment provider, over HTTP
+	providerClient *provider.Client  // the payment provider, over HTTP, for deliveries: each call bounded by ProviderTimeout
+	providerAdmin  *provider.Client  // the same, for the lab's own reads and settings of it: as long as their caller waits
 	ownProvider    ownRecords        // the own provider's records, read and pruned; nil with an external one
 	effects        *delivery.Courier // a direct send's, recording its capture in the books
 	relay          *relay.Relay
@@ -202,7 +203,7 @@ func Start(ctx context.Context, cfg Config) (*App, error) {
 		a.closeAll()
 		return nil, err
 	}
-	a.runner.Provider = a.providerClient
+	a.runner.Provider = a.providerAdmin
 	a.pg.provider, a.pg.relay = a.providerClient, relay.Config{Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay}
 	rl, err := relay.New(relay.Config{Outbox: a.relayOutbox, Provider: delivery.New(a.providerClient, a.relayOutbox), Clock: cfg.Clock, Logger: cfg.Logger, Settings: cfg.Relay})
 	if err != nil {
@@ -265,7 +266,7 @@ func (a *App) URL() string { return a.replicas.all()[0].url + strings.TrimSuffix
 func (a *App) Books() Books { return a.books }
 
 // Provider is the payment provider the lab delivers to, for tests and tools.
-func (a *App) Provider() *provider.Client { return a.providerClient }
+func (a *App) Provider() *provider.Client { return a.providerAdmin }
 
 // QueuedWebhooks counts the provider's webhooks still to send: from the own
 // provider's records, whose count follows the queue; an external
@@ -275,7 +276,7 @@ func (a *App) QueuedWebhooks(ctx context.Context) (int64, error) {
 		n, err := a.ownProvider.Queued(ctx)
 		return int64(n), err
 	}
-	st, err := a.providerClient.Stats(ctx, provider.Filter{})
+	st, err := a.providerAdmin.Stats(ctx, provider.Filter{})
 	return int64(st.WebhooksQueued), err
 }
 
@@ -373,7 +374,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 	if len(a.replicas.all()) == 0 { // the primary's metrics carry this process's relay and costs
 		relayCounts, meter = a.relay.Counts, a.meter
 	}
-	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerClient, Variants: a.variants,
+	svc, err := labsvc.New(labsvc.Config{Runner: a.runner, Books: a.books, Provider: a.providerAdmin, Variants: a.variants,
 		Stores: stores, Unavailable: maps.Clone(a.unavailable), Replicas: a.replicas, Replica: name, Window: a.cfg.Window, Steps: a.steps,
 		Failover: a.failover, PGFailover: a.pg, MaxRuns: a.cfg.MaxRuns})
 	if err != nil {
@@ -383,7 +384,7 @@ func (a *App) startReplica(ctx context.Context, name string, ln net.Listener) (*
 		WebhookSecret: a.secret, StuckAfter: a.cfg.StuckAfter, Replica: name, BasePath: a.cfg.BasePath, Public: a.public, AdminToken: a.cfg.AdminToken,
 		FaultsEnabled: a.cfg.FaultsEnabled, DefaultStore: a.cfg.DefaultStore, Window: a.cfg.Window, Clock: a.cfg.Clock, Logger: a.cfg.Logger,
 	}, api.Deps{Books: a.books, Directory: a.directory, Variants: a.variants, Stores: stores, Unavailable: maps.Clone(a.unavailable),
-		Checks: a.checks, Service: svc, Failover: a.failover, RelayCounts: relayCounts, Provider: a.providerClient, Cost: meter})
+		Checks: a.checks, Service: svc, Failover: a.failover, RelayCounts: relayCounts, Provider: a.providerAdmin, Cost: meter})
 	r := &replica{
 		name: name, server: srv, service: svc, stores: stores, url: selfURL(ln), served: make(chan error, 1),
 		http: httpserve.New(srv.Handler(), a.cfg.Timeouts()),

@@ -5,9 +5,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idempotency-lab/lab/lab/app"
 	"github.com/idempotency-lab/lab/lab/labtest"
+	"github.com/idempotency-lab/lab/lab/provider"
 	"github.com/idempotency-lab/lab/lab/variant"
 	"github.com/idempotency-lab/lab/variants/memory"
 )
@@ -78,5 +80,23 @@ func TestBeyondLoopbackAdminToken(t *testing.T) {
 			_ = a.Close(t.Context())
 		}
 		t.Fatalf("a cluster replica beyond loopback without a token started (%v)", err)
+	}
+}
+
+// TestProviderReadsWaitForTheirCaller: -provider-timeout bounds a delivery
+// (a withheld answer shows as it), never the lab's own reads of its
+// provider: with a timeout no call can meet, the reads still answer.
+func TestProviderReadsWaitForTheirCaller(t *testing.T) {
+	t.Parallel()
+	cfg := app.DefaultConfig()
+	cfg.Variants = []variant.Variant{memory.Variant()}
+	cfg.Addr, cfg.EmbedPostgres, cfg.EmbedRedis, cfg.RedisPair = "127.0.0.1:0", false, false, false
+	cfg.ProviderTimeout = time.Nanosecond
+	a := labtest.Start(t, cfg)
+	if _, err := a.Provider().Stats(t.Context(), provider.Filter{}); err != nil {
+		t.Fatalf("the provider's stats with a 1 ns delivery timeout: %v", err)
+	}
+	if r := labtest.Do(t, http.MethodGet, a.URL()+"/outbox", nil, ""); r.Status != http.StatusOK {
+		t.Fatalf("GET /outbox, which reads the provider: %d %s", r.Status, r.Body)
 	}
 }

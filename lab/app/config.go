@@ -119,8 +119,10 @@ type Config struct {
 	// ProviderAddr is where the lab's own provider listens when ProviderURL
 	// is unset. Default 127.0.0.1:0 (a free loopback port).
 	ProviderAddr string
-	// ProviderTimeout bounds one call to the provider: a response the
-	// provider withholds shows as this timeout. Default 2s.
+	// ProviderTimeout bounds one delivery to the provider (a capture, the
+	// relay's or a direct send's): a response the provider withholds shows
+	// as this timeout. The lab's reads of its provider wait as long as
+	// their caller. Default 2s.
 	ProviderTimeout time.Duration
 	// WebhookSecret signs (the lab's own provider) and verifies (the lab)
 	// the provider's webhooks. Default none: a random one per process,

@@ -43,12 +43,17 @@ func (a *App) openProvider(ctx, bgCtx context.Context, webhookURL string) error 
 		}
 		base = own
 	}
-	// The relay's calls time out on their own: a withheld answer must not
-	// hold a worker longer than this. A connection is kept alive for each
+	// The deliveries time out on their own: a withheld answer must not hold
+	// a relay worker (or a direct send) longer than this. The lab's own
+	// reads and settings of its provider (stats, captures, faults) are
+	// bounded by their caller instead: a provider slowed by a loaded
+	// machine is slow, not gone. A connection is kept alive for each
 	// delivery the relay may have in flight.
-	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: a.meter.Transport(provider.NewTransport(a.cfg.Relay.MaxWorkers * a.cfg.Relay.Concurrency))}
+	transport := a.meter.Transport(provider.NewTransport(a.cfg.Relay.MaxWorkers * a.cfg.Relay.Concurrency))
+	hc := &http.Client{Timeout: a.cfg.ProviderTimeout, Transport: transport}
 	a.addCloser(hc.CloseIdleConnections)
 	a.providerClient = provider.NewClient(base+"/provider", key, hc)
+	a.providerAdmin = provider.NewClient(base+"/provider", key, &http.Client{Transport: transport})
 	a.effects = delivery.New(a.providerClient, a.books)
 	// The URL only: /ready is public, and neither the key nor a password
 	// in the URL is ever shown.
