@@ -90,7 +90,7 @@ func FaultSpecs() []FaultSpec {
 		{FaultStoreRestart, "the store restarts between charge and retry", nil, nil, nil},
 		{FaultExpired, "the retry arrives after the retention window", []string{"window_ms"}, map[string]int{"window_ms": 200}, nil},
 		{FaultStaleWorker, "a worker pauses past its lease, a retry takes over, then it writes", []string{"work_ms", "ttl_ms"},
-			map[string]int{"work_ms": 800, "ttl_ms": 200}, nil},
+			map[string]int{"work_ms": 2000, "ttl_ms": 200}, nil},
 		{FaultFailover, "Redis fails over before the claim replicated", nil, nil, nil},
 		{FaultPGFailover, "PostgreSQL fails over before the commit replicated (replication async or sync)", []string{"replication"}, nil, replication},
 		{FaultCrashAfterPhase, "crash after atomic phase 1, 2 or 3 (claim, charge, provider call)", []string{"phase", "ttl_ms"},

@@ -19,10 +19,12 @@ func TestOldestInFlightGauge(t *testing.T) {
 	a := labtest.Start(t, e2e.EffectsConfig(t))
 	for _, store := range []lab.StoreName{memory.Name, postgres.Name} {
 		t.Run(string(store), func(t *testing.T) {
+			t.Parallel()
 			series := `lab_oldest_inflight_key_age_seconds{store="` + string(store) + `"}`
 			done := make(chan error, 1)
 			go func() {
-				resp, err := e2e.PostWithFault(a.URL(), store, "k-gauge-"+string(store), "slow; work_ms=1500")
+				// Slow enough that a loaded machine still scrapes it in flight.
+				resp, err := e2e.PostWithFault(a.URL(), store, "k-gauge-"+string(store), "slow; work_ms=5000")
 				if err == nil && resp.Status != http.StatusCreated {
 					err = errStatus(resp.Status)
 				}

@@ -45,8 +45,8 @@ func TestTwoPhaseRunsShareOneTimeAxis(t *testing.T) {
 				t.Fatalf("retries released at %+v, the claim ran out at %.1f ms", released, ttlEnd.AtMS)
 			}
 			pauseEnd, ok := eventOf(rep, experiment.EventPauseEnd, 1)
-			if !ok || pauseEnd.AtMS < 800 {
-				t.Fatalf("the pause ended at %+v, want after its 800 ms", pauseEnd)
+			if pause := float64(lab.FaultDefault(lab.FaultStaleWorker, "work_ms")); !ok || pauseEnd.AtMS < pause {
+				t.Fatalf("the pause ended at %+v, want after its %.0f ms", pauseEnd, pause)
 			}
 			for _, res := range rep.Timeline[1:] {
 				if first := res.Tries[0]; first.StartMS < ttlEnd.AtMS {
