@@ -14,9 +14,9 @@ import (
 
 // TestPhasesRunShowsTheResume: a run on phases whose first attempt
 // crashes after phase 2. Its retries are answered with the one charge, and
-// the one that resumed the key shows it on its lane: it resumed at
-// charge_created and called the provider, without a claim or a charge of
-// its own. The ledger and the provider hold one charge and one capture.
+// the one that resumed the key and finished it shows it on its lane: it
+// resumed at charge_created, called the provider and committed, without a
+// claim or a charge of its own. The ledger and the provider hold one charge and one capture.
 func TestPhasesRunShowsTheResume(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, e2e.StoreConfig(t, phases.Name))
@@ -24,7 +24,10 @@ func TestPhasesRunShowsTheResume(t *testing.T) {
 	if rep.Verdict != lab.Holds || e2e.KeyCharges(t, a, "acme", phases.Name, "k-resume") != 1 || rep.ProviderCaptures != 1 {
 		t.Fatalf("verdict %s, %d charge(s), %d capture(s); want holds, one of each", rep.Verdict, e2e.KeyCharges(t, a, "acme", phases.Name, "k-resume"), rep.ProviderCaptures)
 	}
-	resumed := 0
+	// One try resumes the key and finishes it. On a slow machine a resume
+	// can outlast its 300 ms lease: a later attempt takes the key over and
+	// the first is fenced before it calls anyone, the design at work.
+	finished := 0
 	for _, at := range rep.Timeline {
 		for _, try := range at.Tries {
 			names := make([]string, 0, len(try.Phases))
@@ -34,17 +37,21 @@ func TestPhasesRunShowsTheResume(t *testing.T) {
 					t.Errorf("attempt %d resumed with %q, want at charge_created", at.Attempt, p.Detail)
 				}
 			}
-			if !slices.Contains(names, lab.PhaseResume) {
-				continue
-			}
-			resumed++
-			if slices.Contains(names, lab.PhaseClaim) || slices.Contains(names, lab.PhaseCharge) || !slices.Contains(names, lab.PhaseProvider) {
-				t.Errorf("attempt %d's resumed try passed %v: want the provider call and the commit, no claim or charge of its own", at.Attempt, names)
+			switch {
+			case !slices.Contains(names, lab.PhaseResume):
+			case slices.Contains(names, lab.PhaseClaim) || slices.Contains(names, lab.PhaseCharge):
+				t.Errorf("attempt %d's resumed try passed %v: a claim or a charge of its own", at.Attempt, names)
+			case slices.Contains(names, lab.PhaseFenced):
+				t.Logf("attempt %d's resume was fenced (%v): another attempt took the key over", at.Attempt, names)
+			case !slices.Contains(names, lab.PhaseProvider) || !slices.Contains(names, lab.PhaseCommit):
+				t.Errorf("attempt %d's resumed try passed %v: want the provider call and the commit", at.Attempt, names)
+			default:
+				finished++
 			}
 		}
 	}
-	if resumed != 1 {
-		t.Fatalf("%d tries resumed the key, want 1", resumed)
+	if finished != 1 {
+		t.Fatalf("%d tries resumed the key and finished it, want 1", finished)
 	}
 }
 
