@@ -83,10 +83,11 @@ func selected(only []string) []Case {
 // preflight sends the first request of the check (the sf-string case's),
 // and stops the check when the target does not answer it with a resource:
 // a wrong token, body or id pointer would make every case fail for
-// nothing.
+// nothing. A busy target's 5xx is retried as a client would (follow).
 func (ck *checker) preflight(ctx context.Context) error {
 	key := ck.key("sf-string")
-	e := ck.send(ctx, ck.charge(key, ck.cfg.KeyForm, ck.body(ck.cfg.Body, key), false, 0))
+	r := ck.charge(key, ck.cfg.KeyForm, ck.body(ck.cfg.Body, key), false, 0)
+	e := ck.follow(ctx, r, ck.send(ctx, r))
 	switch {
 	case e.err != nil:
 		return fmt.Errorf("%w: %v", ErrPreflight, e.err)

@@ -335,3 +335,25 @@ func TestAFirstRequestRefusedStopsTheCheck(t *testing.T) {
 		t.Errorf("without a token: %v; want the check stopped, naming the 401", err)
 	}
 }
+
+// TestABusyFirstAnswerIsRetried: a target that sheds the check's first
+// request (503 with Retry-After) is asked again, as a client would, and
+// the check goes on.
+func TestABusyFirstAnswerIsRetried(t *testing.T) {
+	t.Parallel()
+	tg := &target{keys: map[string]*entry{}, charges: map[string][]string{}}
+	var shed atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && shed.CompareAndSwap(false, true) {
+			w.Header().Set("Retry-After", "0")
+			problem(w, http.StatusServiceUnavailable, "store_unavailable")
+			return
+		}
+		tg.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	rep := check(t, srv, nil)
+	if !shed.Load() || !rep.Passed() {
+		t.Errorf("shed first: %v, failed %v; want the first request shed, then every case passed", shed.Load(), rep.Failed)
+	}
+}
