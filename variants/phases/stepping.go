@@ -30,7 +30,11 @@ func (s *Store) MakeHappen(ctx context.Context, sc lab.Scope, ev lab.TimeEvent) 
 		q = `UPDATE phase_requests SET locked_until = $4
 			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND recovery_point <> 'finished' AND locked_until > $4`
 	case lab.EventCompleter:
-		q = `UPDATE phase_requests SET locked_until = $4::timestamptz - make_interval(secs => $5)
+		// The lock ends now and this move's completer takes the key over at
+		// once: the lab's own completer waits completeAfter past a lock, so
+		// it cannot take the key between the two and leave this move
+		// returning before the key is finished.
+		q = `UPDATE phase_requests SET locked_until = $4
 			WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3 AND recovery_point <> 'finished'`
 	case lab.EventWindow:
 		q = `UPDATE phase_requests SET expires_at = $4
@@ -40,11 +44,7 @@ func (s *Store) MakeHappen(ctx context.Context, sc lab.Scope, ev lab.TimeEvent) 
 	default:
 		return lab.Invalid("event", "phases has no %q to make happen: its key is bounded by a lock (the lock move) and finished by the completer (the completer move)", ev)
 	}
-	args := []any{sc.Tenant, sc.Endpoint, sc.Key, now}
-	if ev == lab.EventCompleter {
-		args = append(args, s.completeAfter.Seconds())
-	}
-	if _, err := s.pool.Exec(ctx, sc.Namespace, q, args...); err != nil {
+	if _, err := s.pool.Exec(ctx, sc.Namespace, q, sc.Tenant, sc.Endpoint, sc.Key, now); err != nil {
 		return fmt.Errorf("error making the %s happen: %w", ev, err)
 	}
 	if ev == lab.EventCompleter {
