@@ -359,6 +359,12 @@ func CheckKeyPrefix(prefix string) error {
 // write for Work.
 func (f Faults) Pauses() bool { return f.Has(FaultSlow) || f.Has(FaultStaleWorker) }
 
+// Fence reports faults that make a fence refuse a worker's write: a stale
+// worker's pause, or a lease they shortened (ttl_ms), which a retry's
+// write on a loaded machine can outlive. Such a refusal is the lesson,
+// not an incident.
+func (f Faults) Fence() bool { return f.Has(FaultStaleWorker) || f.ClaimTTL > 0 }
+
 // Pause sleeps for the slow or stale worker's pause, or until ctx ends.
 func (f Faults) Pause(ctx context.Context) error {
 	if !f.Pauses() {

@@ -214,8 +214,8 @@ var errStaleCompletion = errors.New("the claim's token is no longer the key's")
 // now.
 func (s *Store) fenced(ctx context.Context, a lab.Attempt, cl claim, cause error) (lab.Outcome, error) {
 	level := slog.LevelWarn
-	if a.Faults.Has(lab.FaultStaleWorker) || lab.Stepped(ctx) {
-		level = slog.LevelInfo // the pause was injected: the fence at work is the lesson, not an incident
+	if a.Faults.Fence() || lab.Stepped(ctx) {
+		level = slog.LevelInfo // the faults paused the worker or shortened its lease: the fence at work is the lesson
 	}
 	s.log.Log(ctx, level, "stale worker fenced out: the ledger refused its write", "key", a.Scope.Key, "token", cl.token, "err", cause)
 	r, err := s.read(ctx, a.Scope, s.now())

@@ -401,8 +401,8 @@ var errFenced = errors.New("the key's lock was taken over")
 // the refusal and answers with what the key holds now.
 func (s *Store) fenced(ctx context.Context, j *job, f lab.Faults) (lab.Outcome, error) {
 	level := slog.LevelWarn
-	if f.Has(lab.FaultStaleWorker) || lab.Stepped(ctx) {
-		level = slog.LevelInfo // the pause was injected: the fence at work is the lesson, not an incident
+	if f.Fence() || lab.Stepped(ctx) {
+		level = slog.LevelInfo // the faults paused the worker or shortened its lease: the fence at work is the lesson
 	}
 	s.log.Log(ctx, level, "stale worker fenced out: its lock was taken over", "key", j.scope.Key, "token", j.token)
 	lab.MarkDetail(ctx, lab.PhaseFenced, fmt.Sprintf("phase refused at %s: token %d is no longer the key's", j.point, j.token))
