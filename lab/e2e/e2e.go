@@ -76,10 +76,11 @@ func EffectsConfig(t testing.TB, opts ...func(*app.Config)) app.Config {
 		c.DatabaseURL, c.PGSchema = url, schema
 		c.Relay.Interval, c.Relay.Workers, c.Relay.MaxAttempts = 5*time.Millisecond, 4, 60
 		c.Relay.BaseBackoff, c.Relay.MaxBackoff = 5*time.Millisecond, 50*time.Millisecond
-		// Short, so a withheld answer times out soon; not shorter, for every
-		// other call to the provider shares it and a loaded machine runs
-		// four such labs at once (at 300 ms one call failed, and the matrix with it).
-		c.ProviderTimeout = time.Second
+		// Short, so a withheld answer times out soon; not shorter: a loaded
+		// machine runs several such labs at once, and a capture that outlives
+		// the timeout is redelivered, which a random key captures twice (at
+		// 1 s, two suites side by side broke provider_down that way).
+		c.ProviderTimeout = 3 * time.Second
 	}}, opts...)...)
 }
 
