@@ -376,7 +376,10 @@ func TestClusterScriptInterrupted(t *testing.T) {
 	}
 	got := out.String()
 	scriptGone(t, "lab", scriptPIDs(t, got, "cluster pids:"))
-	for _, want := range []string{"cluster.sh: interrupted, stopping", "lab: stopped: interrupt signal received", "cluster stopped: 4 processes", "dropped schema " + schema} {
+	// The matrix's lab process gets the Ctrl-C and, from the script's
+	// cleanup, a SIGTERM; on a loaded machine either may reach it first:
+	// both are a requested stop.
+	for _, want := range []string{"cluster.sh: interrupted, stopping", "lab: stopped: ", "cluster stopped: 4 processes", "dropped schema " + schema} {
 		if !strings.Contains(got, want) {
 			t.Errorf("output lacks %q", want)
 		}
