@@ -43,6 +43,7 @@ const causalProblems = `(() => {
 // the commit it replays, no mark outside its try, nothing before the
 // first release. The ledger holds one charge for each run's key.
 func TestPageDrawsCausesFirst(t *testing.T) {
+	t.Parallel()
 	pgURL, schema := labtest.Postgres(t)
 	redisURL, prefix := labtest.Redis(t)
 	cfg := app.DefaultConfig()

@@ -18,6 +18,7 @@ import (
 // old primary marked lost, the ledger holding only the surviving charge;
 // synchronous, the first attempt without an answer and nothing lost.
 func TestPageDrawsAPostgreSQLFailover(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
 	cfg.Addr, cfg.EmbedPostgres, cfg.RedisPair = "127.0.0.1:0", false, false

@@ -21,6 +21,7 @@ import (
 // the attempts' lanes and the ledger's, and asks nothing of any origin but
 // the lab's own.
 func TestHistoryPictureStaysOnTheLab(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
@@ -109,6 +110,7 @@ func TestHistoryPictureStaysOnTheLab(t *testing.T) {
 // two of the lab's own designs: unsafe fails the storm, memory on one
 // replica passes; each case is a row with its verdict.
 func TestCheckADesignOnThePage(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false

@@ -227,6 +227,7 @@ func shots(ctx context.Context, t *testing.T, name string) {
 // the fault control every fault, each fault shows only its own parameters,
 // and a run on the new variant answers on the page.
 func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = append(variants.Builtin(), labtest.OneLock())
 	cfg.Addr = "127.0.0.1:0"
@@ -348,6 +349,7 @@ func TestPageBuildsItsControlsFromTheIndex(t *testing.T) {
 // the token field makes Reset work. No request leaves the machine and the
 // console stays clean.
 func TestPageShowsTheRace(t *testing.T) {
+	t.Parallel()
 	url, schema := labtest.Postgres(t)
 	redisURL, prefix := labtest.Redis(t)
 	cfg := app.DefaultConfig()
@@ -656,6 +658,7 @@ func TestPageDrawsTheMatrix(t *testing.T) {
 // plain run from the page works (no 403), the fault control only offers
 // none, and the matrix (which injects faults) is offered disabled, saying why.
 func TestPageBehindABasePathWithoutFaults(t *testing.T) {
+	t.Parallel()
 	url, schema := labtest.Postgres(t)
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
@@ -695,6 +698,7 @@ func TestPageBehindABasePathWithoutFaults(t *testing.T) {
 // five charges against one even after the walkthrough charged its key
 // (order-4711) on both designs. A link is read as strictly as a run.
 func TestPageFirstPicture(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
 	cfg.Addr, cfg.EmbedPostgres, cfg.RedisPair = "127.0.0.1:0", false, false

@@ -259,6 +259,7 @@ func panelShots(ctx context.Context, t *testing.T, name string) {
 // by hand in another order, it says what that play left instead, and why
 // next and play are grey.
 func TestStepperStepsASchedule(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
@@ -341,6 +342,7 @@ func (s stepper) verdict() string {
 // played again, finishes the schedule by itself and stops at its end, where
 // attempt 2 replays attempt 1's charge: one charge.
 func TestStepperShowsTheBlock(t *testing.T) {
+	t.Parallel()
 	url, schema := labtest.Postgres(t)
 	cfg := app.DefaultConfig()
 	cfg.Variants = variants.Builtin()
@@ -477,6 +479,7 @@ func (f *forgetful) Inspect(_ context.Context, sc lab.Scope) (lab.KeyInspection,
 // is the store's (the answer stored, then absent); the late retry charges
 // again, and the export replays to the same two charges.
 func TestStepperMarksAnEvent(t *testing.T) {
+	t.Parallel()
 	cfg := app.DefaultConfig()
 	cfg.Variants = append(variants.Builtin(), forgetfulVariant())
 	cfg.Addr, cfg.RedisPair, cfg.EmbedPostgres = "127.0.0.1:0", false, false
