@@ -25,8 +25,9 @@ type Verdict string
 const (
 	Holds  Verdict = "holds"
 	Breaks Verdict = "breaks"
-	// Inconclusive: some attempts got no usable answer, so the ledger's
-	// count cannot be read as the store's doing.
+	// Inconclusive: some attempts got no usable answer, or the fault's
+	// race did not happen, so the ledger's count cannot be read as the
+	// store's doing.
 	Inconclusive Verdict = "inconclusive"
 )
 

@@ -144,8 +144,8 @@ func TestMatrixFaultsAreNotIncidents(t *testing.T) {
 	for _, run := range []string{ // the matrix's cells whose faults logged as incidents
 		"/charge-unsafe?fault=applied_response_lost",
 		"/charge-idempotent?store=phases&fault=applied_response_lost",
-		"/charge-idempotent?store=lease&fault=stale_worker&work_ms=600&ttl_ms=150",
-		"/charge-idempotent?store=phases&fault=stale_worker&work_ms=600&ttl_ms=150",
+		"/charge-idempotent?store=lease&fault=stale_worker&work_ms=1500&ttl_ms=150",
+		"/charge-idempotent?store=phases&fault=stale_worker&work_ms=1500&ttl_ms=150",
 	} {
 		r := labtest.Do(t, http.MethodGet, a.URL()+run+"&key=fresh", nil, "")
 		if r.Status != http.StatusOK || strings.Contains(run, "stale_worker") && !strings.Contains(string(r.Body), `"fenced"`) {

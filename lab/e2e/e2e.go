@@ -131,6 +131,21 @@ func Run(t testing.TB, base string, store lab.StoreName, query string) experimen
 	return rep
 }
 
+// RunOvertaken runs a stale worker on a fresh key (query adds to it) until
+// a retry took the paused worker's key over, three runs at most: on a busy
+// machine the retries can reach the server after the worker woke, and such
+// a run is inconclusive.
+func RunOvertaken(t testing.TB, base string, store lab.StoreName, query string) experiment.Report {
+	t.Helper()
+	query = "fault=stale_worker&key=fresh&" + query
+	rep := Run(t, base, store, query)
+	for try := 1; try < 3 && rep.Verdict == lab.Inconclusive && strings.HasPrefix(rep.Reason, experiment.NotOvertaken); try++ {
+		t.Logf("%s: %s; running it again", rep.RunID, rep.Reason)
+		rep = Run(t, base, store, query)
+	}
+	return rep
+}
+
 // PostWithFault sends a charge as acme carrying a Lab-Fault header, on a
 // connection of its own: a dropped connection is the error.
 func PostWithFault(base string, store lab.StoreName, key, fault string) (labtest.Reply, error) {

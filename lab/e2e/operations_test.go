@@ -8,7 +8,6 @@ import (
 
 	"github.com/idempotency-lab/lab/lab"
 	"github.com/idempotency-lab/lab/lab/e2e"
-	"github.com/idempotency-lab/lab/lab/experiment"
 	"github.com/idempotency-lab/lab/lab/labtest"
 	"github.com/idempotency-lab/lab/variants/lease"
 )
@@ -85,11 +84,7 @@ func TestStaleWorkerRunWithItsDefaults(t *testing.T) {
 	t.Parallel()
 	a := labtest.Start(t, e2e.FullConfig(t))
 	for store, want := range map[lab.StoreName]lab.Verdict{lease.Name: lab.Holds, "redis": lab.Breaks} {
-		r := labtest.Do(t, http.MethodGet, a.URL()+"/charge-idempotent?store="+string(store)+"&key=fresh&fault=stale_worker&attempts=3", nil, "")
-		if r.Status != http.StatusOK {
-			t.Fatalf("%s: %d %s", store, r.Status, r.Body)
-		}
-		rep := labtest.Decode[experiment.Report](t, r)
+		rep := e2e.RunOvertaken(t, a.URL(), store, "attempts=3")
 		if rep.Verdict != want || (store == lease.Name && rep.FencedWrites != 1) {
 			t.Errorf("%s: %s, %d fenced write(s); want %s: %s", store, rep.Verdict, rep.FencedWrites, want, rep.Explanation)
 		}

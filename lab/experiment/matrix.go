@@ -208,7 +208,16 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 			if !cell.Available {
 				continue
 			}
-			rep, err := r.runCase(ctx, req, row.Case, cell.Store, batch)
+			rep, err := r.runCase(ctx, req, row.Case, cell.Store, batch, "")
+			if err == nil && rep.Verdict == lab.Inconclusive {
+				// A run that says nothing of the store (its fault not
+				// staged, an attempt unanswered on a busy machine) is run
+				// once more, on a key of its own, and the cell says so.
+				first := rep
+				if rep, err = r.runCase(ctx, req, row.Case, cell.Store, batch, "-again"); err == nil {
+					rep.Note = strings.TrimPrefix(rep.Note+"; run twice: the first run, "+first.RunID+", was inconclusive: "+first.Reason, "; ")
+				}
+			}
 			if err != nil {
 				return m, fmt.Errorf("error running %s on %s: %w", row.Case.Name, cell.Store, err)
 			}
@@ -226,12 +235,12 @@ func (r *Runner) RunMatrix(ctx context.Context, req MatrixRequest) (Matrix, erro
 	return m, nil
 }
 
-func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store lab.StoreName, batch string) (Report, error) {
+func (r *Runner) runCase(ctx context.Context, req MatrixRequest, c Case, store lab.StoreName, batch, again string) (Report, error) {
 	// Every key of the batch starts with one prefix, and the cells' crashes
 	// and restarts are confined to it: the caller's own keys outlive the
 	// matrix.
 	confine := MatrixKeyPrefix(batch)
-	key := fmt.Sprintf("%s%s-%s", confine, c.Name, store)
+	key := fmt.Sprintf("%s%s-%s%s", confine, c.Name, store, again)
 	spec := Spec{
 		Store: store, Scenario: c.Scenario, Key: key, Account: req.Account, AmountCents: req.Amount, Namespace: req.Namespace,
 		Attempts: c.Attempts, Tenant: req.Tenant, Token: req.Token, OtherTenant: req.OtherTenant, OtherToken: req.Other, Faults: c.Faults,

@@ -754,6 +754,13 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		rep.Verdict = lab.Inconclusive
 		rep.Reason = "no charge was applied at all, so the run shows no duplicate to prevent"
 		rep.Explanation = fmt.Sprintf("no attempt charged (%s), so there was no duplicate to prevent", ev.answers())
+	case spec.Faults.Has(lab.FaultStaleWorker) && v.Lifetime != "" && rep.DuplicatesApplied == 0 && rep.FencedWrites == 0 && !takenOver(rep.Timeline):
+		// The ledger's one charge is the paused worker's own: the race the
+		// fault stages (a retry taking the key over) never happened.
+		rep.Verdict = lab.Inconclusive
+		rep.Reason = fmt.Sprintf("%s, so the %s was never tested; %s", NotOvertaken, v.Lifetime, reason(spec, rep))
+		rep.Explanation = fmt.Sprintf("no retry took the key over from the paused worker (%s): when it woke, its %s had run out but nobody held its key, so it wrote as the only worker and the race this fault stages did not happen. The run says nothing about the store: run it again (on a busy machine the retries can come late) or with a longer work_ms",
+			ev.answers(), v.Lifetime)
 	default:
 		rep.Verdict = lab.Holds
 		if rep.DuplicatesApplied > 0 {
@@ -767,6 +774,25 @@ func (r *Runner) conclude(ctx context.Context, spec Spec, tenants []string, befo
 		rep.Note += "; " + ig
 	}
 	return nil
+}
+
+// NotOvertaken starts the reason of a stale worker run whose retries all
+// came after the paused worker woke and wrote.
+const NotOvertaken = "no retry took the key over while its worker was paused"
+
+// takenOver reports whether a retry claimed the key, or resumed it, in the
+// run: with a stale worker, whether the worker was overtaken at all.
+func takenOver(timeline []Result) bool {
+	for _, res := range timeline {
+		for _, t := range res.Tries {
+			for _, p := range t.Phases {
+				if res.Attempt > 1 && (p.Name == lab.PhaseClaim || p.Name == lab.PhaseResume) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // unansweredWhy says, in a sentence, why an attempt ended without a final

@@ -2,9 +2,11 @@ package experiment_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -59,6 +61,74 @@ func TestUnansweredRunIsInconclusive(t *testing.T) {
 	}
 	if rep.Verdict != lab.Inconclusive || rep.DuplicatesPrevented != 0 || rep.KeyCharges != 1 {
 		t.Fatalf("verdict %s, prevented %d, key charges %d: %s", rep.Verdict, rep.DuplicatesPrevented, rep.KeyCharges, rep.Reason)
+	}
+}
+
+// TestUnovertakenStaleWorkerIsInconclusive: a stale worker that woke
+// before any retry took its key over wrote as the only worker; the ledger's
+// one charge then says nothing of the fence, and the run must not claim
+// that the fence refused anything.
+func TestUnovertakenStaleWorkerIsInconclusive(t *testing.T) {
+	books := inmem.NewBooks(time.Now)
+	reg, err := variant.NewRegistry(variant.Variant{
+		Name: "leased", RequiresKey: true, Effects: "outbox", Crash: variant.CrashRollsBack, Lifetime: "lease",
+		Open: func(context.Context, variant.Deps) (lab.Store, error) { return nil, nil },
+		Mechanisms: map[variant.Case]variant.Mechanism{
+			variant.FaultCase(lab.FaultStaleWorker): {Usual: lab.Holds, Holds: "the ledger refused the stale token", Breaks: "it breaks"},
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	state := lab.KeyAbsent
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		if r.URL.Path == "/idempotency/state" {
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprintf(w, `{"key_state":%q}`, state)
+			return
+		}
+		// The first attempt woke and wrote before any retry came; the
+		// retries replay its response.
+		phases := lab.NewPhases(time.Now())
+		ctx := lab.WithPhases(r.Context(), phases)
+		if state == lab.KeyAbsent {
+			lab.Mark(ctx, lab.PhaseClaim)
+			lab.Mark(ctx, lab.PhaseWork)
+			a := lab.Attempt{Scope: lab.Scope{Namespace: "acme", Tenant: "acme", Endpoint: lab.Endpoint, Key: "k"}, Run: r.Header.Get("Lab-Run"),
+				Request: lab.ChargeRequest{Account: "acct-1", AmountCents: 2500, Currency: "USD"}, Store: "leased"}
+			if _, err := books.Apply(r.Context(), lab.Apply{Entry: lab.NewEntry(a, time.Now())}); err != nil {
+				t.Error(err)
+			}
+			lab.Mark(ctx, lab.PhaseCommit)
+			state = lab.KeyCompleted
+		} else {
+			lab.Mark(ctx, lab.PhaseReplay)
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		w.Header().Set("Server-Timing", phases.ServerTiming())
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"id":"ch_1","status":"succeeded"}`))
+	}))
+	defer srv.Close()
+	client := &http.Client{}
+	defer client.CloseIdleConnections()
+	r := &experiment.Runner{Client: client, Books: books, Provider: labtest.Provider(t), Variants: reg, Now: time.Now}
+	rep, err := r.Run(context.Background(), experiment.Spec{
+		Store: "leased", Key: "k", Account: "acct-1", AmountCents: 2500, Attempts: 3, Namespace: "acme", Tenant: "acme", Token: "tok",
+		Faults: lab.Faults{Point: lab.FaultStaleWorker, Work: 300 * time.Millisecond, ClaimTTL: 100 * time.Millisecond},
+	}, []string{srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.KeyCharges != 1 || rep.IdempotencyHits != 2 || rep.FencedWrites != 0 {
+		t.Fatalf("key charges %d, replays %d, fenced %d; want the worker's one charge, replayed twice", rep.KeyCharges, rep.IdempotencyHits, rep.FencedWrites)
+	}
+	if rep.Verdict != lab.Inconclusive || strings.Contains(rep.Explanation, "refused") || !strings.Contains(rep.Explanation, "no retry took the key over") {
+		t.Fatalf("verdict %s: %s", rep.Verdict, rep.Explanation)
 	}
 }
 

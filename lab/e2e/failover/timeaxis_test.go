@@ -35,7 +35,7 @@ func TestTwoPhaseRunsShareOneTimeAxis(t *testing.T) {
 	a := labtest.Start(t, e2e.FullConfig(t))
 	for _, store := range []lab.StoreName{redis.Name, lease.Name} {
 		t.Run(string(store), func(t *testing.T) {
-			rep := e2e.Run(t, a.URL(), store, "fault=stale_worker&key=fresh&attempts=3")
+			rep := e2e.RunOvertaken(t, a.URL(), store, "attempts=3")
 			ttlEnd, ok := eventOf(rep, experiment.EventTTLEnd, 1)
 			if !ok {
 				t.Fatalf("no ttl_end event for attempt 1: %+v", rep.Events)
