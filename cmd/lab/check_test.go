@@ -86,10 +86,20 @@ func TestCheckEveryDesign(t *testing.T) {
 	for _, v := range variants.Builtin() {
 		name := string(v.Name)
 		t.Run(name, func(t *testing.T) {
-			began := time.Now()
-			rep, err := runLabCheck(t, "-target", a.URL()+"/charges?store="+name, "-token", labtest.Acme, "-token2", labtest.Globex,
-				"-slow-header", "Lab-Fault: slow;work_ms=400")
-			t.Logf("%s: %d requests in %s, failed %v", name, rep.Requests, time.Since(began).Round(time.Millisecond), rep.Failed)
+			check := func() (grade.Report, error) {
+				began := time.Now()
+				rep, err := runLabCheck(t, "-target", a.URL()+"/charges?store="+name, "-token", labtest.Acme, "-token2", labtest.Globex,
+					"-slow-header", "Lab-Fault: slow;work_ms=400")
+				t.Logf("%s: %d requests in %s, failed %v", name, rep.Requests, time.Since(began).Round(time.Millisecond), rep.Failed)
+				return rep, err
+			}
+			rep, err := check()
+			// On a busy machine the retry can reach the lab before the first
+			// request, or be shed: the check cannot say, and runs again.
+			for try := 1; try < 3 && byID(rep)["in-flight"].Verdict == grade.Unverified; try++ {
+				t.Logf("%s: in-flight could not be verified (%s); checking again", name, byID(rep)["in-flight"].Why)
+				rep, err = check()
+			}
 			switch name {
 			case "unsafe", "look-first":
 				if !errors.Is(err, errCheckFailed) || !strings.Contains(err.Error(), "storm") {

@@ -257,6 +257,9 @@ func inFlight(ctx context.Context, ck *checker) (Verdict, string) {
 		slow = "; give a header or body field that makes the target slow with -slow-header"
 	}
 	switch {
+	case !first.ok() && b.ok() && (first.status == http.StatusConflict || first.status == http.StatusAccepted):
+		return Unverified, fmt.Sprintf("the retry, sent %.0f ms after the first request, was taken in before it (the retry was told %s, the first request %s): the two crossed on the way; run the check again",
+			ms(b.call.Sub(first.call)), b.told(), first.told())
 	case !first.ok() || first.id == "":
 		return Unverified, fmt.Sprintf("the first request was answered %s%s", first.told(), slow)
 	case !b.call.Before(first.ret):
@@ -289,6 +292,8 @@ func inFlight(ctx context.Context, ck *checker) (Verdict, string) {
 			return Fail, fmt.Sprintf("the retry (%s) got 202, and its operation resolved to %s, not the first's %s", sent, p.id, first.id)
 		}
 		return Unverified, fmt.Sprintf("the retry (%s) got 202, but its Location never resolved to a resource (%s; the operation's id is read at %s)", sent, p.told(), ck.cfg.OperationID)
+	case (b.status == http.StatusServiceUnavailable || b.status == http.StatusTooManyRequests) && b.header.Get("Retry-After") != "":
+		return Unverified, fmt.Sprintf("the retry (%s) was shed, answered %s with Retry-After: the target was too busy to show what it does while a request is in flight; run the check again", sent, b.told())
 	}
 	return Fail, fmt.Sprintf("the retry (%s) was answered %s", sent, b.told())
 }

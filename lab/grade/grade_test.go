@@ -292,6 +292,51 @@ func TestTooFastToCatchIsNotAPass(t *testing.T) {
 	}
 }
 
+// TestARetryShedOrCrossedIsNotAFail: a retry the target sheds (503 with
+// Retry-After) while the first request works, or one taken in before the
+// first request (which is then told 409), shows nothing of what the target
+// does with a request in flight: could not verify, saying which.
+func TestARetryShedOrCrossedIsNotAFail(t *testing.T) {
+	t.Parallel()
+	for name, want := range map[string]string{"shed": "was shed", "crossed": "crossed on the way"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			tg := &target{keys: map[string]*entry{}, charges: map[string][]string{}}
+			var slow atomic.Int32
+			retried := make(chan struct{})
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				first, retry := r.Method == http.MethodPost && r.Header.Get("Work-Ms") != "", r.Method == http.MethodPost && r.Header.Get("Work-Ms") == "" && slow.Load() > 0
+				switch {
+				case first && name == "crossed":
+					slow.Add(1)
+					<-retried // the retry overtook it, and is done
+					w.Header().Set("Retry-After", "1")
+					problem(w, http.StatusConflict, "idempotency_in_progress")
+					return
+				case first:
+					slow.Add(1)
+					defer slow.Add(-1)
+				case retry && name == "shed":
+					w.Header().Set("Retry-After", "1")
+					problem(w, http.StatusServiceUnavailable, "lab_busy")
+					return
+				case retry:
+					tg.ServeHTTP(w, r)
+					slow.Add(-1)
+					close(retried)
+					return
+				}
+				tg.ServeHTTP(w, r)
+			}))
+			t.Cleanup(srv.Close)
+			r := verdicts(check(t, srv, func(c *grade.Config) { c.Only = []string{"in-flight"} }))["in-flight"]
+			if r.Verdict != grade.Unverified || !strings.Contains(r.Why, want) {
+				t.Errorf("in-flight: %s (%s); want could not verify, saying it %s", r.Verdict, r.Why, want)
+			}
+		})
+	}
+}
+
 // TestItSendsOnlyToTheTarget: a Location on another host is never
 // followed, and a read-back on another host is refused before anything is
 // sent.
