@@ -73,11 +73,14 @@ func TestOneConnectionBudgetPerNamespace(t *testing.T) {
 	// budget: one slow claim and its twins, waiting on its row lock with a
 	// connection each. The last connections still go to a namespace that
 	// holds none.
+	// All join first, then all flood at once: twins wait at most the
+	// in-flight wait, which a spread of floods on a busy machine outlasts.
 	var many []labAttendee
-	floods = nil
 	for range 5 {
-		at := joinLab(t, base, attackJoinCode)
-		many = append(many, at)
+		many = append(many, joinLab(t, base, attackJoinCode))
+	}
+	floods = nil
+	for _, at := range many {
 		reqs := chargeRequests(t, base, postgres.Name, at.Token, "same-"+at.Tenant, 8, slowFault(holdWork))
 		for _, r := range reqs {
 			r.Header.Set(lab.KeyHeader, "same-"+at.Tenant) // one key: a claimer and its twins
