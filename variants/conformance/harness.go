@@ -229,6 +229,11 @@ func (e *env) attempt(tenant, key string, amount int64, order string, f lab.Faul
 
 func (e *env) charge(t tb, a lab.Attempt) (lab.Outcome, error) {
 	out, err := e.store.Charge(t.Context(), a)
+	// Shed on a busy machine (no connection in time): the store did
+	// nothing, as its 503 says, and a client sends the attempt again.
+	for try := 1; try < 5 && errors.Is(err, lab.ErrStoreUnavailable); try++ {
+		out, err = e.store.Charge(t.Context(), a)
+	}
 	if err == nil && out.Pending != nil {
 		// 202 Accepted under a live lease is that design's "still in
 		// progress, ask again": the checks treat it as the 409 it stands for.
