@@ -375,11 +375,13 @@ func (r *Runner) fireRetries(ctx context.Context, spec Spec, reqs []Request, ev 
 
 // fireStale sends the first attempt, which pauses past its claim's
 // lifetime; once that lifetime is over (and while it still sleeps) the
-// retries go, released together; the first then wakes and writes.
+// retries go, released together; the first then wakes and writes. Its
+// client follows its answer as any client does: a fenced worker that woke
+// while the retry still worked is told 409, and asks again.
 func (r *Runner) fireStale(ctx context.Context, spec Spec, target string, reqs []Request, ev *events) ([]Result, time.Duration, error) {
 	firstDone, answered := make(chan []Result, 1), make(chan struct{})
 	go func() {
-		res, _ := Fire(ctx, r.Client, reqs[:1], Retry{})
+		res, _ := Fire(ctx, r.Client, reqs[:1], retrying(spec))
 		firstDone <- res
 		close(answered)
 	}()
