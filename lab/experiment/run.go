@@ -785,12 +785,11 @@ const NotOvertaken = "no retry took the key over while its worker was paused"
 // takenOver reports whether a retry claimed the key, or resumed it, in the
 // run: with a stale worker, whether the worker was overtaken at all.
 func takenOver(timeline []Result) bool {
+	took := func(p lab.PhaseAt) bool { return p.Name == lab.PhaseClaim || p.Name == lab.PhaseResume }
 	for _, res := range timeline {
 		for _, t := range res.Tries {
-			for _, p := range t.Phases {
-				if res.Attempt > 1 && (p.Name == lab.PhaseClaim || p.Name == lab.PhaseResume) {
-					return true
-				}
+			if res.Attempt > 1 && slices.ContainsFunc(t.Phases, took) { // attempt 1 is the worker
+				return true
 			}
 		}
 	}
